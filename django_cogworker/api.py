@@ -1,0 +1,538 @@
+"""The inspection API: what the admin pages (and operators' scripts) use.
+
+``Queue``, ``ScheduledSet``, ``RetrySet``, ``DeadSet``, ``UnsettledSet``,
+``JobRecord`` (with ``retry()``, ``delete()``, ``kill()``), ``ProcessSet``,
+``Workers`` and ``Stats``. No view builds a key or runs a Redis command
+itself. Every move is one script that writes before it removes and does
+nothing if someone else moved the entry first.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.payload import Payload, encode, text
+from django_cogworker.scripts import script
+
+PAGE_SIZE = 25
+
+
+def _glob_escape(value: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+def _loads(raw: bytes) -> Payload | None:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class JobRecord:
+    """One job as stored: in a queue, a sorted set, or the unsettled list."""
+
+    def __init__(
+        self,
+        raw: bytes,
+        *,
+        source: str,
+        kind: str,
+        score: float | None = None,
+        payload_raw: bytes | None = None,
+        target_set: str | None = None,
+    ) -> None:
+        self._raw = raw  # the entry exactly as stored (needed to move it)
+        self.source = source  # the Redis key it is in
+        self.kind = kind  # "queue", "zset" or "unsettled"
+        self.score = score
+        self.target_set = target_set  # unsettled: where it should be filed
+        self.payload_raw = payload_raw if payload_raw is not None else raw
+        self.payload: Payload = _loads(self.payload_raw) or {"raw": text(self.payload_raw)}
+
+    def __repr__(self) -> str:
+        return f"<JobRecord {self.jid} {self.name} in {self.source}>"
+
+    @property
+    def raw(self) -> str:
+        return text(self.payload_raw)
+
+    @property
+    def entry(self) -> bytes:
+        return self._raw
+
+    def _get(self, key: str, default: Any = None) -> Any:
+        return self.payload.get(key, default)
+
+    jid = property(lambda self: str(self._get("jid", "")))
+    name = property(lambda self: str(self._get("job", "")))
+    args = property(lambda self: self._get("args", []))
+    kwargs = property(lambda self: self._get("kwargs", {}))
+    queue = property(lambda self: str(self._get("queue", "") or ""))
+    retry_count = property(lambda self: self._get("retry_count"))
+    error_class = property(lambda self: self._get("error_class"))
+    error_message = property(lambda self: self._get("error_message"))
+    error_backtrace = property(lambda self: self._get("error_backtrace"))
+    failed_at = property(lambda self: self._get("failed_at"))
+    retried_at = property(lambda self: self._get("retried_at"))
+    enqueued_at = property(lambda self: self._get("enqueued_at"))
+    created_at = property(lambda self: self._get("created_at"))
+
+    @property
+    def at(self) -> dt.datetime | None:
+        """When it is due (scheduled, retry) or died (dead), as a datetime."""
+        return None if self.score is None else dt.datetime.fromtimestamp(self.score, tz=dt.UTC)
+
+    def matches(
+        self, *, name: str | None = None, queue: str | None = None, search: str | None = None
+    ) -> bool:
+        if name and self.name != name:
+            return False
+        if queue and self.queue != queue:
+            return False
+        if search:
+            needle = search.lower()
+            hay = [self.jid, str(self.error_message or ""), str(self.error_class or "")]
+            if not any(needle in h.lower() for h in hay):
+                return False
+        return True
+
+    # -- actions ---------------------------------------------------------------
+
+    def _move(self, destination: str, payload: bytes, to_kind: str, where: str | float) -> bool:
+        k = get_keys()
+        source_kind = "zset" if self.kind == "zset" else "list"
+        return bool(
+            script("move")(
+                get_redis(),
+                [self.source, destination, k.queues],
+                [self._raw, payload, source_kind, to_kind, str(where)],
+            )
+        )
+
+    def retry(self) -> bool:
+        """Back on its queue now (from schedule, retry, dead or unsettled)."""
+        if self.kind == "queue":
+            return False
+        payload = dict(self.payload)
+        queue = (
+            payload.get("queue")
+            if isinstance(payload.get("queue"), str) and payload.get("queue")
+            else "default"
+        )
+        payload["enqueued_at"] = time.time()
+        data = encode(payload) if "job" in payload else self.payload_raw
+        return self._move(get_keys().queue(str(queue)), data, "queue", str(queue))
+
+    def kill(self) -> bool:
+        """To the dead set now."""
+        k = get_keys()
+        if self.kind == "zset" and self.source == k.dead:
+            return False
+        payload = dict(self.payload)
+        payload.setdefault("error_class", "Killed")
+        payload.setdefault("error_message", "killed by hand")
+        payload["failed_at"] = payload.get("failed_at") or time.time()
+        return self._move(k.dead, encode(payload), "zset", repr(time.time()))
+
+    def delete(self) -> bool:
+        client = get_redis()
+        if self.kind == "zset":
+            return bool(client.zrem(self.source, self._raw))
+        return bool(client.lrem(self.source, 1, self._raw))
+
+
+# -- queues ---------------------------------------------------------------------
+
+
+class Queue:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.key = get_keys().queue(name)
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name}>"
+
+    @classmethod
+    def all(cls) -> list[Queue]:
+        names = {m.decode() for m in get_redis().smembers(get_keys().queues)}
+        return [cls(n) for n in sorted(names)]
+
+    @property
+    def size(self) -> int:
+        return int(get_redis().llen(self.key))
+
+    @property
+    def latency(self) -> float:
+        """Seconds the oldest job has waited (0 when empty)."""
+        oldest = get_redis().lindex(self.key, -1)
+        if oldest is None:
+            return 0.0
+        payload = _loads(oldest) or {}
+        at = payload.get("enqueued_at")
+        return max(0.0, time.time() - float(at)) if isinstance(at, int | float) else 0.0
+
+    @property
+    def paused(self) -> bool:
+        return bool(get_redis().sismember(get_keys().paused, self.name))
+
+    def pause(self) -> None:
+        get_redis().sadd(get_keys().paused, self.name)
+
+    def unpause(self) -> None:
+        get_redis().srem(get_keys().paused, self.name)
+
+    def clear(self) -> int:
+        """Deletes every job in the queue; returns how many."""
+        pipe = get_redis().pipeline(transaction=True)
+        pipe.llen(self.key)
+        pipe.delete(self.key)
+        pipe.srem(get_keys().queues, self.name)
+        return int(pipe.execute()[0])
+
+    def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
+        """Jobs in the order they will run (next first)."""
+        end = -1 - offset
+        start = end - limit + 1
+        raws = get_redis().lrange(self.key, start, end)
+        return [JobRecord(r, source=self.key, kind="queue") for r in reversed(raws)]
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        offset = 0
+        while True:
+            batch = self.page(offset, 500)
+            yield from batch
+            if len(batch) < 500:
+                return
+            offset += 500
+
+    def find(self, jid: str) -> JobRecord | None:
+        return next((r for r in self if r.jid == jid), None)
+
+
+# -- sorted sets ------------------------------------------------------------------
+
+
+class SortedSet:
+    key_name = ""
+    newest_first = False
+
+    def __init__(self) -> None:
+        self.key = getattr(get_keys(), self.key_name)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.key}>"
+
+    @property
+    def size(self) -> int:
+        return int(get_redis().zcard(self.key))
+
+    def _record(self, raw: bytes, score: float) -> JobRecord:
+        return JobRecord(raw, source=self.key, kind="zset", score=float(score))
+
+    def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
+        client = get_redis()
+        fn = client.zrevrange if self.newest_first else client.zrange
+        return [self._record(r, s) for r, s in fn(self.key, offset, offset + limit - 1, withscores=True)]
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        offset = 0
+        while True:
+            batch = self.page(offset, 500)
+            yield from batch
+            if len(batch) < 500:
+                return
+            offset += 500
+
+    def filter(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Entries matching every given criterion (``search`` looks in the jid
+        and the error). Uses ZSCAN with a server-side pattern, so a large set
+        is not read whole into Python."""
+        pattern = "*"
+        if name:
+            pattern = f'*"job":{_glob_escape(json.dumps(name))}*'
+        elif search:
+            pattern = (
+                "*"
+                + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else _glob_escape(c) for c in search)
+                + "*"
+            )
+        found: list[JobRecord] = []
+        for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=1000):
+            record = self._record(raw, score)
+            if record.matches(name=name, queue=queue, search=search):
+                found.append(record)
+        found.sort(key=lambda r: r.score or 0.0, reverse=self.newest_first)
+        return found[:limit] if limit is not None else found
+
+    def find(self, jid: str) -> JobRecord | None:
+        pattern = f'*"jid":{_glob_escape(json.dumps(jid))}*'
+        for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=1000):
+            record = self._record(raw, score)
+            if record.jid == jid:
+                return record
+        return None
+
+    def clear(self) -> int:
+        pipe = get_redis().pipeline(transaction=True)
+        pipe.zcard(self.key)
+        pipe.delete(self.key)
+        return int(pipe.execute()[0])
+
+    def job_names(self) -> list[str]:
+        return sorted({r.name for r in self})
+
+
+class ScheduledSet(SortedSet):
+    key_name = "schedule"
+
+
+class RetrySet(SortedSet):
+    key_name = "retry"
+
+
+class DeadSet(SortedSet):
+    key_name = "dead"
+    newest_first = True
+
+
+# -- unsettled ----------------------------------------------------------------------
+
+
+class UnsettledSet:
+    """Failed jobs a stopping process could not file; any live process files them."""
+
+    def __init__(self) -> None:
+        self.key = get_keys().unsettled
+
+    @property
+    def size(self) -> int:
+        return int(get_redis().llen(self.key))
+
+    def _record(self, raw: bytes) -> JobRecord:
+        entry = _loads(raw) or {}
+        payload = entry.get("payload")
+        payload_raw = payload.encode() if isinstance(payload, str) else raw
+        score = entry.get("score")
+        return JobRecord(
+            raw,
+            source=self.key,
+            kind="unsettled",
+            payload_raw=payload_raw,
+            score=float(score) if isinstance(score, int | float) else None,
+            target_set=entry.get("set"),
+        )
+
+    def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
+        return [self._record(r) for r in get_redis().lrange(self.key, offset, offset + limit - 1)]
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        for raw in get_redis().lrange(self.key, 0, -1):
+            yield self._record(raw)
+
+    def filter(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        found = [r for r in self if r.matches(name=name, queue=queue, search=search)]
+        return found[:limit] if limit is not None else found
+
+    def find(self, jid: str) -> JobRecord | None:
+        return next((r for r in self if r.jid == jid), None)
+
+    def clear(self) -> int:
+        pipe = get_redis().pipeline(transaction=True)
+        pipe.llen(self.key)
+        pipe.delete(self.key)
+        return int(pipe.execute()[0])
+
+
+# -- processes, workers, stats -----------------------------------------------------
+
+
+@dataclass
+class ProcessRecord:
+    identity: str
+    hostname: str
+    pid: int
+    tag: str
+    concurrency: int
+    busy: int
+    queues: list[str]
+    quiet: bool
+    started_at: float
+    last_beat: float
+    rss_kb: int
+    fetch: str
+    recovery: dict[str, Any]
+
+    def quiet_it(self) -> None:
+        ProcessSet.signal(self.identity, "quiet")
+
+    def stop_it(self) -> None:
+        ProcessSet.signal(self.identity, "stop")
+
+
+class ProcessSet:
+    """Live worker processes (their presence key still there)."""
+
+    def __iter__(self) -> Iterator[ProcessRecord]:
+        yield from self.all()
+
+    def all(self) -> list[ProcessRecord]:
+        client, k = get_redis(), get_keys()
+        identities = sorted(m.decode() for m in client.smembers(k.processes))
+        pipe = client.pipeline(transaction=False)
+        for identity in identities:
+            pipe.hgetall(k.process(identity))
+        records = []
+        for identity, raw in zip(identities, pipe.execute(), strict=True):
+            if not raw:
+                continue  # presence key expired: not live
+            h = {key.decode(): value.decode("utf-8", "replace") for key, value in raw.items()}
+            records.append(
+                ProcessRecord(
+                    identity=identity,
+                    hostname=h.get("hostname", ""),
+                    pid=int(h.get("pid", 0) or 0),
+                    tag=h.get("tag", ""),
+                    concurrency=int(h.get("concurrency", 0) or 0),
+                    busy=int(h.get("busy", 0) or 0),
+                    queues=json.loads(h.get("queues", "[]") or "[]"),
+                    quiet=h.get("quiet") == "1",
+                    started_at=float(h.get("started_at", 0) or 0),
+                    last_beat=float(h.get("beat", 0) or 0),
+                    rss_kb=int(h.get("rss_kb", 0) or 0),
+                    fetch=h.get("fetch", ""),
+                    recovery=json.loads(h.get("recovery", "{}") or "{}"),
+                )
+            )
+        return records
+
+    @property
+    def size(self) -> int:
+        return len(self.all())
+
+    @staticmethod
+    def signal(identity: str, what: str) -> None:
+        """Sends "quiet" or "stop" to a process; it acts at its next beat."""
+        if what not in ("quiet", "stop"):
+            raise ValueError(f"unknown signal {what!r}: use 'quiet' or 'stop'")
+        client, k = get_redis(), get_keys()
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(k.signals(identity), what)
+        pipe.expire(k.signals(identity), 3600)
+        pipe.execute()
+
+    @staticmethod
+    def last_recovery() -> dict[str, Any]:
+        raw = get_redis().get(get_keys().recovery_report)
+        return json.loads(raw) if raw else {}
+
+
+@dataclass
+class RunningJob:
+    identity: str
+    jid: str
+    queue: str
+    run_at: float
+    payload: Payload
+
+    @property
+    def name(self) -> str:
+        return str(self.payload.get("job", ""))
+
+    @property
+    def running_for_s(self) -> float:
+        return max(0.0, time.time() - self.run_at)
+
+
+class Workers:
+    """Jobs running now, as last reported by each live process's heartbeat."""
+
+    def __iter__(self) -> Iterator[RunningJob]:
+        yield from self.all()
+
+    def all(self) -> list[RunningJob]:
+        client, k = get_redis(), get_keys()
+        identities = sorted(m.decode() for m in client.smembers(k.processes))
+        pipe = client.pipeline(transaction=False)
+        for identity in identities:
+            pipe.hgetall(k.workers(identity))
+        jobs = []
+        for identity, entries in zip(identities, pipe.execute(), strict=True):
+            for jid, record in (entries or {}).items():
+                info = _loads(record) or {}
+                payload = _loads(str(info.get("payload", "")).encode()) or {}
+                jobs.append(
+                    RunningJob(
+                        identity,
+                        jid.decode(),
+                        str(info.get("queue", "")),
+                        float(info.get("run_at", 0) or 0),
+                        payload,
+                    )
+                )
+        return sorted(jobs, key=lambda j: j.run_at)
+
+    @property
+    def size(self) -> int:
+        return len(self.all())
+
+
+class Stats:
+    """Totals (flushed by each process's heartbeat: truthful to one beat)."""
+
+    def __init__(self) -> None:
+        client, k = get_redis(), get_keys()
+        pipe = client.pipeline(transaction=False)
+        pipe.get(k.stat_processed)
+        pipe.get(k.stat_failed)
+        pipe.zcard(k.schedule)
+        pipe.zcard(k.retry)
+        pipe.zcard(k.dead)
+        pipe.llen(k.unsettled)
+        pipe.smembers(k.queues)
+        processed, failed, scheduled, retry, dead, unsettled, queues = pipe.execute()
+        self.processed = int(processed or 0)
+        self.failed = int(failed or 0)
+        self.scheduled_size = int(scheduled)
+        self.retry_size = int(retry)
+        self.dead_size = int(dead)
+        self.unsettled_size = int(unsettled)
+        names = sorted(q.decode() for q in queues)
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(k.queue(name))
+        self.queue_sizes = dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
+        self.enqueued = sum(self.queue_sizes.values())
+
+    @staticmethod
+    def history(days: int = 30, *, today: dt.date | None = None) -> list[tuple[dt.date, int, int]]:
+        """(day, processed, failed) for the last ``days`` days, oldest first (UTC)."""
+        client, k = get_redis(), get_keys()
+        today = today or dt.datetime.now(dt.UTC).date()
+        dates = [today - dt.timedelta(days=i) for i in range(days - 1, -1, -1)]
+        pipe = client.pipeline(transaction=False)
+        for day in dates:
+            pipe.get(k.stat_processed_on(day.isoformat()))
+            pipe.get(k.stat_failed_on(day.isoformat()))
+        values = pipe.execute()
+        return [(day, int(values[2 * i] or 0), int(values[2 * i + 1] or 0)) for i, day in enumerate(dates)]

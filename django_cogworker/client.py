@@ -1,0 +1,73 @@
+"""The enqueue side: payloads to Redis, after commit when in a transaction.
+
+``.delay()`` costs one round trip (SADD the queue name, LPUSH the payload,
+pipelined). A connection error is raised to the caller as RedisUnavailable
+before anything is written (SPEC section 8); a pipeline that never reached
+Redis wrote nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from django.db import transaction
+
+from django_cogworker.conf import get_config
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.errors import RedisUnavailable
+from django_cogworker.payload import Payload, encode
+
+#: Hook for the testing helpers' inline mode: when set, payloads are handed
+#: to it instead of Redis.
+inline_runner: Callable[[Payload], Any] | None = None
+
+
+def enqueue(payload: Payload, at: float | None = None) -> str | None:
+    if inline_runner is not None:
+        inline_runner(payload)
+        return str(payload["jid"])
+    if get_config().enqueue_on_commit:
+        conn = transaction.get_connection()
+        if conn.in_atomic_block:
+            transaction.on_commit(lambda: _push([payload], at))
+            return str(payload["jid"])
+    _push([payload], at)
+    return str(payload["jid"])
+
+
+def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str]:
+    jids = [str(p["jid"]) for p in payloads]
+    if inline_runner is not None:
+        for payload in payloads:
+            inline_runner(payload)
+        return jids
+
+    def push_all() -> None:
+        for start in range(0, len(payloads), chunk_size):
+            _push(payloads[start : start + chunk_size], None)
+
+    if get_config().enqueue_on_commit and transaction.get_connection().in_atomic_block:
+        transaction.on_commit(push_all)
+    else:
+        push_all()
+    return jids
+
+
+def _push(payloads: list[Payload], at: float | None) -> None:
+    k = get_keys()
+    pipe = get_redis().pipeline(transaction=False)
+    if at is not None:
+        pipe.zadd(k.schedule, {encode(p): at for p in payloads})
+    else:
+        by_queue: dict[str, list[bytes]] = {}
+        for p in payloads:
+            by_queue.setdefault(p["queue"], []).append(encode(p))
+        for queue, raws in by_queue.items():
+            pipe.sadd(k.queues, queue)
+            pipe.lpush(k.queue(queue), *raws)
+    try:
+        pipe.execute()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc

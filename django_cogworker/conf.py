@@ -1,0 +1,161 @@
+"""Settings: one ``COGWORKER`` dict merged over the documented defaults.
+
+Read through :func:`get_config`, cached and cleared on ``setting_changed`` so
+that ``override_settings`` in tests takes effect at once. Validation lives in
+:mod:`django_cogworker.checks`; this module only merges and normalises.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+#: Every key of ``COGWORKER`` with its default. Durations are seconds.
+DEFAULTS: dict[str, Any] = {
+    "REDIS_URL": None,  # None: env COGWORKER_REDIS_URL, else DEFAULT_REDIS_URL
+    "CACHE_ALIAS": None,
+    "REDIS_OPTIONS": {},
+    "NAMESPACE": "cogworker",
+    "QUEUES": ["default"],
+    "CONCURRENCY": 10,
+    "FETCH": "reliable",
+    # Long enough to ride out a Redis failover or a stalled process, short
+    # enough that a crashed worker's jobs come back within minutes.
+    "ORPHAN_THRESHOLD": 300,
+    "MAX_ORPHANINGS": 3,
+    "ORPHAN_CHECK_INTERVAL": 60,
+    "HEARTBEAT_INTERVAL": 10,
+    "HEARTBEAT_TTL": 60,
+    "FETCH_IDLE_MAX_INTERVAL": 2.0,
+    "POLL_INTERVAL": 5,
+    "SHUTDOWN_TIMEOUT": 25,
+    "DEFAULT_RETRY": 25,
+    "DEAD_MAX_JOBS": 10_000,
+    "DEAD_TIMEOUT": 180 * 24 * 3600,
+    "ENQUEUE_ON_COMMIT": True,
+    "PERIODIC": [],
+    "MIDDLEWARE": {"client": [], "server": []},
+    "ERROR_HANDLERS": [],
+    # Where REDIS_URL = "embedded" keeps its socket, pid file and AOF.
+    "EMBEDDED_DIR": None,
+}
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    name: str
+    weight: int  # 0 when no weight was given (strict order)
+
+
+@dataclass(frozen=True)
+class Config:
+    redis_url: str
+    cache_alias: str | None
+    redis_options: dict[str, Any]
+    namespace: str
+    queues: tuple[QueueSpec, ...]
+    concurrency: int
+    fetch: str
+    orphan_threshold_s: float
+    max_orphanings: int
+    orphan_check_interval_s: float
+    heartbeat_interval_s: float
+    heartbeat_ttl_s: float
+    fetch_idle_max_interval_s: float
+    poll_interval_s: float
+    shutdown_timeout_s: float
+    default_retry: int
+    dead_max_jobs: int
+    dead_timeout_s: float
+    enqueue_on_commit: bool
+    periodic: tuple[dict[str, Any], ...]
+    client_middleware: tuple[str, ...]
+    server_middleware: tuple[str, ...]
+    error_handlers: tuple[str, ...]
+    embedded_dir: str
+
+    @property
+    def weighted(self) -> bool:
+        return any(q.weight for q in self.queues)
+
+
+def parse_queue(spec: str) -> QueueSpec:
+    """``"name"`` or ``"name,weight"``; raises ValueError with the reason."""
+    name, _, weight = str(spec).partition(",")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"queue {spec!r} has no name")
+    if not weight:
+        return QueueSpec(name, 0)
+    try:
+        value = int(weight)
+    except ValueError:
+        raise ValueError(f"queue {spec!r}: the weight must be a whole number") from None
+    if value < 1:
+        raise ValueError(f"queue {spec!r}: the weight must be at least 1")
+    return QueueSpec(name, value)
+
+
+def user_settings() -> dict[str, Any]:
+    value = getattr(settings, "COGWORKER", {})
+    return value if isinstance(value, dict) else {}
+
+
+def merged() -> dict[str, Any]:
+    values = {**DEFAULTS, **user_settings()}
+    if not values["REDIS_URL"]:
+        values["REDIS_URL"] = os.environ.get("COGWORKER_REDIS_URL") or DEFAULT_REDIS_URL
+    return values
+
+
+@functools.cache
+def get_config() -> Config:
+    values = merged()
+    middleware = values["MIDDLEWARE"] or {}
+    embedded_dir = values["EMBEDDED_DIR"] or os.path.join(
+        str(getattr(settings, "BASE_DIR", os.getcwd())), ".cogworker"
+    )
+    return Config(
+        redis_url=str(values["REDIS_URL"]),
+        cache_alias=values["CACHE_ALIAS"],
+        redis_options=dict(values["REDIS_OPTIONS"]),
+        namespace=str(values["NAMESPACE"]),
+        queues=tuple(parse_queue(q) for q in values["QUEUES"]),
+        concurrency=int(values["CONCURRENCY"]),
+        fetch=str(values["FETCH"]),
+        orphan_threshold_s=float(values["ORPHAN_THRESHOLD"]),
+        max_orphanings=int(values["MAX_ORPHANINGS"]),
+        orphan_check_interval_s=float(values["ORPHAN_CHECK_INTERVAL"]),
+        heartbeat_interval_s=float(values["HEARTBEAT_INTERVAL"]),
+        heartbeat_ttl_s=float(values["HEARTBEAT_TTL"]),
+        fetch_idle_max_interval_s=float(values["FETCH_IDLE_MAX_INTERVAL"]),
+        poll_interval_s=float(values["POLL_INTERVAL"]),
+        shutdown_timeout_s=float(values["SHUTDOWN_TIMEOUT"]),
+        default_retry=int(values["DEFAULT_RETRY"]),
+        dead_max_jobs=int(values["DEAD_MAX_JOBS"]),
+        dead_timeout_s=float(values["DEAD_TIMEOUT"]),
+        enqueue_on_commit=bool(values["ENQUEUE_ON_COMMIT"]),
+        periodic=tuple(values["PERIODIC"]),
+        client_middleware=tuple(middleware.get("client", ())),
+        server_middleware=tuple(middleware.get("server", ())),
+        error_handlers=tuple(values["ERROR_HANDLERS"]),
+        embedded_dir=str(embedded_dir),
+    )
+
+
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting == "COGWORKER":
+        get_config.cache_clear()
+        from django_cogworker import connection
+
+        connection.reset()
+
+
+setting_changed.connect(_reset)

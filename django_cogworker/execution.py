@@ -1,0 +1,132 @@
+"""Running one payload to an outcome, without touching Redis.
+
+Shared by the worker's processors and by ``testing.drain()``: the caller
+applies the :class:`Outcome` (ack, or file in retry/dead). Keeps G13 (bad
+payloads filed in dead with their raw text) and G14 (``close_old_connections``
+around every job; a job's exception never escapes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import close_old_connections
+from django.utils.module_loading import import_string
+
+from django_cogworker import registry, retry
+from django_cogworker.conf import Config
+from django_cogworker.context import JobContext, reset_current, set_current
+from django_cogworker.errors import BadPayload, JobNotRegistered
+from django_cogworker.payload import Payload, decode, encode, salvage
+
+logger = logging.getLogger("django_cogworker")
+
+ACK = "ack"  # finished (or dropped): take it off the in-progress list
+RETRY = "retry"
+DEAD = "dead"
+
+
+@dataclass
+class Outcome:
+    kind: str  # ACK, RETRY or DEAD
+    payload: Payload | None = None  # what to file (RETRY, DEAD)
+    score: float = 0.0
+    failed: bool = False
+    jid: str = ""
+
+    def encoded(self) -> bytes:
+        assert self.payload is not None
+        return encode(self.payload)
+
+
+def dead_letter(raw: bytes, error: Exception, now: float) -> Outcome:
+    """G13: a payload that cannot run, kept whole for a person to look at."""
+    entry = salvage(raw)
+    entry.update(
+        error_class=retry.error_class(error),
+        error_message=str(error),
+        failed_at=now,
+    )
+    logger.error("filed unrunnable payload jid=%s in dead: %s", entry["jid"], error)
+    return Outcome(DEAD, entry, now, failed=True, jid=entry["jid"])
+
+
+def execute(raw: bytes, config: Config, *, queue: str = "") -> Outcome:
+    """Runs the job a payload names and says what should happen to it."""
+    try:
+        payload = decode(raw)
+    except BadPayload as exc:
+        return dead_letter(raw, exc, time.time())
+    job = registry.get(payload["job"])
+    if job is None:
+        error = JobNotRegistered(
+            f"job {payload['job']!r} is not registered: no @job with that name was found in any "
+            "installed app's jobs module"
+        )
+        return dead_letter(raw, error, time.time())
+
+    jid = str(payload.get("jid") or "")
+    ctx = JobContext(
+        jid=jid,
+        queue=str(payload.get("queue") or queue),
+        retry_count=int(payload["retry_count"]) + 1 if isinstance(payload.get("retry_count"), int) else 0,
+        name=job.name,
+    )
+    token = set_current(ctx)
+    close_old_connections()
+    try:
+        job.func(*payload.get("args", []), **payload.get("kwargs", {}))
+    except Exception as exc:
+        return failure(payload, exc, config, job)
+    finally:
+        close_old_connections()
+        reset_current(token)
+    return Outcome(ACK, jid=jid)
+
+
+def failure(payload: Payload, exc: BaseException, config: Config, job: Any) -> Outcome:
+    now = time.time()
+    failed = retry.with_failure(payload, exc, now)
+    count = failed["retry_count"]
+    call_error_handlers(exc, failed, config)
+    if count < retry.max_retries(failed, config.default_retry):
+        delay = retry.backoff_s(count, exc, job)
+        logger.info(
+            "jid=%s %s failed (%s); retry %d in %.1fs",
+            failed.get("jid"),
+            failed["job"],
+            failed["error_class"],
+            count + 1,
+            delay,
+        )
+        return Outcome(RETRY, failed, now + delay, failed=True, jid=failed.get("jid", ""))
+    if job is not None and job.on_exhausted is not None:
+        try:
+            job.on_exhausted(failed, exc)
+        except Exception:
+            logger.exception("on_exhausted of job %s failed", failed["job"])
+    if failed.get("dead", True) is False:
+        logger.warning(
+            "jid=%s %s exhausted its retries; dropped (dead=False)", failed.get("jid"), failed["job"]
+        )
+        return Outcome(ACK, failed=True, jid=failed.get("jid", ""))
+    logger.warning("jid=%s %s exhausted its retries; moved to dead", failed.get("jid"), failed["job"])
+    return Outcome(DEAD, failed, now, failed=True, jid=failed.get("jid", ""))
+
+
+def call_error_handlers(exc: BaseException, payload: Payload, config: Config) -> None:
+    context = {
+        "jid": payload.get("jid"),
+        "job": payload.get("job"),
+        "queue": payload.get("queue"),
+        "retry_count": payload.get("retry_count"),
+        "payload": payload,
+    }
+    for path in config.error_handlers:
+        try:
+            import_string(path)(exc, context)
+        except Exception:
+            logger.exception("error handler %s failed", path)

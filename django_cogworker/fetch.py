@@ -1,0 +1,201 @@
+"""Fetching jobs: reliable (the default) and basic.
+
+Reliable fetch (G1, G9) moves each job atomically from its queue to this
+process's own ``N:inprogress:<identity>`` list, where it stays until it is
+acknowledged or filed; a process that dies leaves its jobs there for orphan
+recovery to put back. One distinct unpaused queue: a blocking ``BLMOVE``.
+Several: ``fetch.lua`` tries them in (weighted) order in one call, and an
+idle thread backs off from 0.25 s doubling up to ``FETCH_IDLE_MAX_INTERVAL``.
+
+Basic fetch is ``BRPOP``: a process killed mid-job loses the jobs it held.
+It is what servers older than Redis 6.2 get (G10).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import redis
+
+from django_cogworker.errors import UnsupportedServer
+from django_cogworker.scripts import script
+
+if TYPE_CHECKING:
+    from django_cogworker.manager import Manager
+
+#: How long one blocking fetch waits on the server. Bounds how long a
+#: blocked thread takes to notice quiet or shutdown (a job it receives then
+#: is given back).
+BLOCKING_TIMEOUT_S = 1.0
+
+#: First pause of an idle thread polling several queues.
+EMPTY_POLL_INTERVAL_S = 0.25
+
+#: How often the paused-queue set is re-read.
+PAUSED_REFRESH_S = 1.0
+
+MIN_REDIS_VERSION = (6, 2)
+
+
+@dataclass(frozen=True)
+class UnitOfWork:
+    queue: str
+    raw: bytes
+
+
+def is_unknown_command(exc: redis.ResponseError) -> bool:
+    text = str(exc).lower()
+    return "unknown command" in text or "unknown redis command" in text
+
+
+def reliable_supported(client: redis.Redis) -> bool:
+    """Whether the server can do reliable fetch: >= 6.2, and BLMOVE and LPOS
+    not renamed or disabled. A connection error propagates: not an answer,
+    so the caller asks again later instead of remembering a guess."""
+    try:
+        version = client.info("server").get("redis_version", "")
+        parts = tuple(int(p) for p in str(version).split(".")[:2])
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise
+    except (redis.RedisError, ValueError):
+        parts = MIN_REDIS_VERSION  # INFO restricted: assume current; runtime errors still catch it
+    if parts < MIN_REDIS_VERSION:
+        return False
+    try:
+        found = client.execute_command("COMMAND", "INFO", "BLMOVE", "LPOS")
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise
+    except redis.RedisError:
+        return True
+    return all(entry for entry in found)
+
+
+class Fetcher:
+    """Shared by all processor threads of one process."""
+
+    reliable = False
+
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+        self.client = manager.client
+        self.keys = manager.keys
+        self._paused: frozenset[str] = frozenset()
+        self._paused_at = 0.0
+        self._idle = threading.local()
+
+    def active_queues(self) -> list[str]:
+        """Queue names to try now, in order (weighted: shuffled by weight)."""
+        now = time.monotonic()
+        if now - self._paused_at > PAUSED_REFRESH_S:
+            self._paused = frozenset(m.decode() for m in self.client.smembers(self.keys.paused))
+            self._paused_at = now
+        specs = [q for q in self.manager.queues if q.name not in self._paused]
+        if not any(q.weight for q in specs):
+            return [q.name for q in specs]
+        pool = [q.name for q in specs for _ in range(q.weight)]
+        random.shuffle(pool)
+        return list(dict.fromkeys(pool))
+
+    def idle_sleep(self) -> None:
+        cap = self.manager.config.fetch_idle_max_interval_s
+        last = getattr(self._idle, "interval", None)
+        interval = min(last * 2, cap) if last else min(EMPTY_POLL_INTERVAL_S, cap)
+        self._idle.interval = interval
+        self.manager.stopping.wait(interval * (0.75 + random.random() * 0.25))
+
+    def not_idle(self) -> None:
+        self._idle.interval = None
+
+    # -- the interface every fetch implements -------------------------------
+
+    def retrieve(self) -> UnitOfWork | None:
+        raise NotImplementedError
+
+    def ack(self, work: UnitOfWork, jid: str) -> None:
+        raise NotImplementedError
+
+    def file(self, work: UnitOfWork, zset: str, score: float, payload: bytes, jid: str, trim: bool) -> bool:
+        raise NotImplementedError
+
+    def give_back(self, work: UnitOfWork) -> None:
+        raise NotImplementedError
+
+    def _trim_args(self, zset: str, trim: bool) -> list[str]:
+        if not trim:
+            return ["", ""]
+        config = self.manager.config
+        return [repr(time.time() - config.dead_timeout_s), str(config.dead_max_jobs)]
+
+
+class BasicFetch(Fetcher):
+    def retrieve(self) -> UnitOfWork | None:
+        queues = self.active_queues()
+        if not queues:
+            self.manager.stopping.wait(BLOCKING_TIMEOUT_S)
+            return None
+        got = self.client.brpop([self.keys.queue(q) for q in queues], timeout=BLOCKING_TIMEOUT_S)
+        if got is None:
+            return None
+        key, raw = got
+        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw)
+
+    def ack(self, work: UnitOfWork, jid: str) -> None:
+        pass
+
+    def file(self, work: UnitOfWork, zset: str, score: float, payload: bytes, jid: str, trim: bool) -> bool:
+        args = [work.raw, repr(score), payload, "0", *self._trim_args(zset, trim)]
+        return bool(
+            script("file")(
+                self.client,
+                [self.keys.inprogress(self.manager.identity), zset, self.keys.orphanings(jid)],
+                args,
+            )
+        )
+
+    def give_back(self, work: UnitOfWork) -> None:
+        self.client.rpush(self.keys.queue(work.queue), work.raw)
+
+
+class ReliableFetch(Fetcher):
+    reliable = True
+
+    def __init__(self, manager: Manager) -> None:
+        super().__init__(manager)
+        self.inprogress = self.keys.inprogress(manager.identity)
+
+    def retrieve(self) -> UnitOfWork | None:
+        queues = self.active_queues()
+        if not queues:
+            self.manager.stopping.wait(BLOCKING_TIMEOUT_S)
+            return None
+        try:
+            if len(queues) == 1:
+                raw = self.client.blmove(
+                    self.keys.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT"
+                )
+                return None if raw is None else UnitOfWork(queues[0], raw)
+            found = script("fetch")(self.client, [*(self.keys.queue(q) for q in queues), self.inprogress])
+        except redis.ResponseError as exc:
+            if is_unknown_command(exc):
+                raise UnsupportedServer(str(exc)) from exc
+            raise
+        if not found:
+            self.idle_sleep()
+            return None
+        self.not_idle()
+        index, raw = found
+        return UnitOfWork(queues[int(index) - 1], raw)
+
+    def ack(self, work: UnitOfWork, jid: str) -> None:
+        script("ack")(self.client, [self.inprogress, self.keys.orphanings(jid)], [work.raw])
+
+    def file(self, work: UnitOfWork, zset: str, score: float, payload: bytes, jid: str, trim: bool) -> bool:
+        args = [work.raw, repr(score), payload, "1", *self._trim_args(zset, trim)]
+        return bool(script("file")(self.client, [self.inprogress, zset, self.keys.orphanings(jid)], args))
+
+    def give_back(self, work: UnitOfWork) -> None:
+        script("requeue_one")(self.client, [self.inprogress], [work.raw, *self.manager.requeue_args()])

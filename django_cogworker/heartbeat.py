@@ -1,0 +1,135 @@
+"""The heartbeat: the process record, the presence key and the counters.
+
+Duties: beat once before the first fetch (so a live process's list is never
+taken for an orphan's) and then every ``HEARTBEAT_INTERVAL``: the presence
+key ``N:process:<identity>`` with TTL ``HEARTBEAT_TTL``, the ``N:last_beat``
+stamp on Redis's clock, the registration in ``N:inprogress_identities``, the
+processed/failed counters accumulated since the last beat, and the record of
+the jobs running now (``N:workers:<identity>``), all in one script. So the
+admin is truthful to within one beat, and a job costs Redis nothing for them.
+Signals sent through Redis (quiet, stop) are collected on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from django_cogworker.scripts import script
+
+if TYPE_CHECKING:
+    from django_cogworker.launcher import Launcher
+
+logger = logging.getLogger("django_cogworker")
+
+#: Daily counters are kept this long.
+DAILY_STATS_TTL_S = 400 * 24 * 3600
+
+
+def rss_kb() -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+class Heartbeat:
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.manager = launcher.manager
+        self.started_at = time.time()
+        self.hostname = socket.gethostname()
+
+    def fields(self) -> dict[str, str]:
+        m = self.manager
+        return {
+            "identity": m.identity,
+            "hostname": self.hostname,
+            "pid": str(os.getpid()),
+            "tag": self.launcher.tag,
+            "concurrency": str(m.concurrency),
+            "queues": json.dumps([q.name if not q.weight else f"{q.name},{q.weight}" for q in m.queues]),
+            "busy": str(m.busy()),
+            "quiet": "1" if m.quiet.is_set() else "0",
+            "started_at": repr(self.started_at),
+            "rss_kb": str(rss_kb()),
+            "fetch": m.fetch_mode,
+            "recovery": json.dumps(self.launcher.recovery.last_report),
+        }
+
+    def beat(self) -> list[str]:
+        m = self.manager
+        k = m.keys
+        processed, failed = m.take_counts()
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        fields = self.fields()
+        running, _ = m.snapshot()
+        jobs: list[str | bytes] = []
+        for index, (work, started, jid) in enumerate(running):
+            record = {
+                "queue": work.queue,
+                "payload": work.raw.decode("utf-8", "replace"),
+                "run_at": started,
+                "thread": index,
+            }
+            jobs += [jid or f"unreadable-{index}", json.dumps(record)]
+        args: list[str | bytes | int] = [
+            m.identity,
+            max(1, round(m.config.heartbeat_ttl_s)),
+            processed,
+            failed,
+            "1" if m.reliable else "0",
+            DAILY_STATS_TTL_S,
+            len(fields),
+        ]
+        for name, value in fields.items():
+            args += [name, value]
+        args += jobs
+        try:
+            signals = script("heartbeat")(
+                m.client,
+                [
+                    k.process(m.identity),
+                    k.processes,
+                    k.last_beat,
+                    k.inprogress_identities,
+                    k.workers(m.identity),
+                    k.signals(m.identity),
+                    k.stat_processed,
+                    k.stat_failed,
+                    k.stat_processed_on(day),
+                    k.stat_failed_on(day),
+                ],
+                args,
+            )
+        except Exception:
+            m.give_counts_back(processed, failed)
+            raise
+        return [s.decode() for s in signals]
+
+    def run(self) -> None:
+        interval = self.manager.config.heartbeat_interval_s
+        failing = False
+        while not self.launcher.done.wait(interval):
+            try:
+                signals = self.beat()
+            except Exception as exc:
+                if not failing:
+                    logger.error("heartbeat failed (%s: %s); retrying every beat", type(exc).__name__, exc)
+                failing = True
+                continue
+            if failing:
+                logger.warning("heartbeat restored")
+                failing = False
+            for signal in signals:
+                self.launcher.remote_signal(signal)

@@ -1,0 +1,145 @@
+"""``@job`` and the ``Job`` it returns: ``.delay()`` and friends.
+
+``Job.set(...)`` returns a modified copy (like Django's ``Task.using``), so a
+per-call option never leaks into the registered job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal, overload
+
+from django_cogworker import client, registry
+from django_cogworker.payload import Payload, check_arguments, new_jid
+
+RetryIn = Callable[[int, BaseException], float | int | None]
+OnExhausted = Callable[[Payload, BaseException], Any]
+
+UNIQUE_UNTIL = ("success", "start")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    func: Callable[..., Any]
+    name: str
+    queue: str = "default"
+    retry: bool | int = True
+    dead: bool = True
+    retry_in: RetryIn | None = None
+    on_exhausted: OnExhausted | None = None
+    unique_for: float | None = None
+    unique_until: str = "success"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.queue, str) or not self.queue:
+            raise TypeError(f"job {self.name!r}: queue must be a non-empty string")
+        if isinstance(self.retry, bool) or (isinstance(self.retry, int) and self.retry >= 0):
+            pass
+        else:
+            raise TypeError(f"job {self.name!r}: retry must be True, False or a whole number >= 0")
+        if self.unique_until not in UNIQUE_UNTIL:
+            raise TypeError(f"job {self.name!r}: unique_until must be one of {UNIQUE_UNTIL}")
+        if self.unique_for is not None and not (
+            isinstance(self.unique_for, int | float) and self.unique_for > 0
+        ):
+            raise TypeError(f"job {self.name!r}: unique_for must be a positive number of seconds or None")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A plain call runs the function inline; nothing is enqueued."""
+        return self.func(*args, **kwargs)
+
+    def set(self, **options: Any) -> Job:
+        """A copy with per-call options (``queue``, ``retry``, ``dead``, ...)."""
+        unknown = set(options) - {f.name for f in dataclasses.fields(self)} - {"func", "name"}
+        if unknown or {"func", "name"} & set(options):
+            bad = sorted(unknown | ({"func", "name"} & set(options)))
+            raise TypeError(f"job {self.name!r}: unknown option(s) for set(): {', '.join(bad)}")
+        return dataclasses.replace(self, **options)
+
+    def payload(self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None) -> Payload:
+        check_arguments(self.name, args, kwargs)
+        now = time.time() if now is None else now
+        payload: Payload = {
+            "jid": new_jid(),
+            "job": self.name,
+            "args": list(args),
+            "kwargs": kwargs,
+            "queue": self.queue,
+            "retry": self.retry,
+            "created_at": now,
+            "enqueued_at": now,
+        }
+        if not self.dead:
+            payload["dead"] = False
+        if self.unique_for is not None:
+            payload["unique_for"] = self.unique_for
+            payload["unique_until"] = self.unique_until
+        return payload
+
+    def delay(self, *args: Any, **kwargs: Any) -> str | None:
+        """Enqueue now. Returns the jid (None if a client middleware refused)."""
+        return client.enqueue(self.payload(args, kwargs))
+
+    def delay_in(self, seconds: float | timedelta, *args: Any, **kwargs: Any) -> str | None:
+        """Enqueue to run after ``seconds`` (a number or a timedelta)."""
+        if isinstance(seconds, timedelta):
+            seconds = seconds.total_seconds()
+        return client.enqueue(self.payload(args, kwargs), at=time.time() + float(seconds))
+
+    def delay_at(self, when: datetime | float | int, *args: Any, **kwargs: Any) -> str | None:
+        """Enqueue to run at ``when`` (an aware datetime, or epoch seconds)."""
+        if isinstance(when, datetime):
+            if when.tzinfo is None:
+                raise ValueError(f"job {self.name!r}: delay_at() needs an aware datetime, got a naive one")
+            at = when.timestamp()
+        else:
+            at = float(when)
+        return client.enqueue(self.payload(args, kwargs), at=at)
+
+    def delay_many(
+        self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, chunk_size: int = 1000
+    ) -> list[str]:
+        """Enqueue many calls, pipelined in chunks; returns their jids.
+
+        Every call's arguments are checked before anything is pushed."""
+        now = time.time()
+        payloads = [self.payload(args, kwargs, now) for args, kwargs in calls]
+        return client.enqueue_many(payloads, chunk_size=chunk_size)
+
+
+@overload
+def job(func: Callable[..., Any], /) -> Job: ...
+
+
+@overload
+def job(
+    *,
+    queue: str = ...,
+    retry: bool | int = ...,
+    dead: bool = ...,
+    retry_in: RetryIn | None = ...,
+    on_exhausted: OnExhausted | None = ...,
+    unique_for: float | None = ...,
+    unique_until: Literal["success", "start"] = ...,
+    name: str | None = ...,
+) -> Callable[[Callable[..., Any]], Job]: ...
+
+
+def job(func: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any) -> Any:
+    """Register a function as a job: ``@job`` or ``@job(queue=..., retry=...)``."""
+
+    def wrap(f: Callable[..., Any]) -> Job:
+        made = Job(func=f, name=name or f"{f.__module__}.{f.__qualname__}", **options)
+        dataclasses_update_wrapper(made, f)
+        registry.register(made)
+        return made
+
+    return wrap(func) if func is not None else wrap
+
+
+def dataclasses_update_wrapper(made: Job, func: Callable[..., Any]) -> None:
+    # A frozen dataclass refuses setattr; the docstring is still worth keeping.
+    object.__setattr__(made, "__doc__", func.__doc__)

@@ -1,0 +1,80 @@
+"""Every Redis key name, built from the namespace (SPEC section 4).
+
+No other module formats a key. ``Keys`` is cheap to build and immutable, so
+callers take one from :func:`keys` (cached per namespace).
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+class Keys:
+    def __init__(self, namespace: str) -> None:
+        n = namespace
+        self.namespace = n
+        self.queues = f"{n}:queues"
+        self.queue_prefix = f"{n}:queue:"
+        self.paused = f"{n}:paused"
+        self.schedule = f"{n}:schedule"
+        self.retry = f"{n}:retry"
+        self.dead = f"{n}:dead"
+        self.inprogress_prefix = f"{n}:inprogress:"
+        self.inprogress_identities = f"{n}:inprogress_identities"
+        self.process_prefix = f"{n}:process:"
+        self.processes = f"{n}:processes"
+        self.last_beat = f"{n}:last_beat"
+        self.workers_prefix = f"{n}:workers:"
+        self.signals_prefix = f"{n}:signals:"
+        self.orphanings_prefix = f"{n}:orphanings:"
+        self.repeat_orphans = f"{n}:repeat_orphans"
+        self.unsettled = f"{n}:unsettled"
+        self.stat_processed = f"{n}:stat:processed"
+        self.stat_failed = f"{n}:stat:failed"
+        self.recovery_report = f"{n}:recovery"
+        self.unique_prefix = f"{n}:unique:"
+        self.periodic_running_prefix = f"{n}:periodic:running:"
+        self.periodic_slot_prefix = f"{n}:periodic:slot:"
+        self.periodic_last = f"{n}:periodic:last"
+        self.results_prefix = f"{n}:result:"
+
+    def queue(self, name: str) -> str:
+        return self.queue_prefix + name
+
+    def inprogress(self, identity: str) -> str:
+        return self.inprogress_prefix + identity
+
+    def process(self, identity: str) -> str:
+        return self.process_prefix + identity
+
+    def workers(self, identity: str) -> str:
+        return self.workers_prefix + identity
+
+    def signals(self, identity: str) -> str:
+        return self.signals_prefix + identity
+
+    def orphanings(self, jid: str) -> str:
+        return self.orphanings_prefix + jid
+
+    def stat_processed_on(self, day: str) -> str:
+        return f"{self.stat_processed}:{day}"
+
+    def stat_failed_on(self, day: str) -> str:
+        return f"{self.stat_failed}:{day}"
+
+    def unique(self, digest: str) -> str:
+        return self.unique_prefix + digest
+
+    def periodic_running(self, pjid: str) -> str:
+        return self.periodic_running_prefix + pjid
+
+    def periodic_slot(self, pjid: str, slot: int) -> str:
+        return f"{self.periodic_slot_prefix}{pjid}:{slot}"
+
+    def result(self, jid: str) -> str:
+        return self.results_prefix + jid
+
+
+@functools.lru_cache(maxsize=64)
+def keys(namespace: str) -> Keys:
+    return Keys(namespace)

@@ -1,0 +1,212 @@
+"""The launcher: one worker process from boot to exit.
+
+Duties: beat before the first fetch; start the manager's processors, the
+heartbeat, the poller and the housekeeper (orphan recovery at boot with a key
+scan and every ``ORPHAN_CHECK_INTERVAL``, settlement and strays every beat);
+turn signals into actions (TERM/INT stop, TSTP quiet, TTIN thread dump; the
+same "quiet" and "stop" sent through Redis from the admin); on stop, let the
+manager finish (G8), then deregister.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from django_cogworker import threads
+from django_cogworker.conf import Config, QueueSpec
+from django_cogworker.heartbeat import Heartbeat
+from django_cogworker.manager import Manager
+from django_cogworker.poller import Poller
+from django_cogworker.recovery import Recovery
+
+logger = logging.getLogger("django_cogworker")
+
+#: How long to keep trying the first beat before giving up at boot.
+BOOT_RETRY_MAX_S = 5.0
+
+
+def new_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Launcher:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        queues: tuple[QueueSpec, ...] | None = None,
+        concurrency: int | None = None,
+        fetch: str | None = None,
+        shutdown_timeout_s: float | None = None,
+        tag: str = "",
+        identity: str | None = None,
+    ) -> None:
+        self.config = config
+        self.tag = tag
+        self.identity = identity or new_identity()
+        self.done = threading.Event()
+        self.signals: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.manager = Manager(
+            config,
+            self.identity,
+            queues or config.queues,
+            concurrency or config.concurrency,
+            fetch or config.fetch,
+            config.shutdown_timeout_s if shutdown_timeout_s is None else shutdown_timeout_s,
+        )
+        self.recovery = Recovery(self.manager)
+        self.heartbeat = Heartbeat(self)
+        self.poller = Poller(self)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def run(self) -> None:
+        self.install_signal_handlers()
+        logger.info(
+            "cogworker %s starting: queues %s, concurrency %d, fetch %s",
+            self.identity,
+            ",".join(q.name for q in self.manager.queues),
+            self.manager.concurrency,
+            self.config.fetch,
+        )
+        if not self.first_beat():
+            return
+        self.manager.start()
+        threads.start("cogworker-heartbeat", self.heartbeat.run, self.thread_crashed)
+        threads.start("cogworker-poller", self.poller.run, self.thread_crashed)
+        threads.start("cogworker-housekeeper", self.housekeep, self.thread_crashed)
+        while True:
+            try:
+                what = self.signals.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if what == "stop":
+                break
+            self.handle(what)
+        self.stop()
+
+    def first_beat(self) -> bool:
+        """Beat before the first fetch; resolve the fetch first, so the beat
+        says whether this process registers an in-progress list."""
+        delay = 0.1
+        while True:
+            try:
+                self.manager.fetcher()
+                self.heartbeat.beat()
+                return True
+            except Exception as exc:
+                logger.error("cannot reach Redis at boot (%s: %s); retrying", type(exc).__name__, exc)
+            try:
+                what = self.signals.get(timeout=delay)
+            except queue.Empty:
+                what = ""
+            if what == "stop":
+                return False
+            delay = min(delay * 2, BOOT_RETRY_MAX_S)
+
+    def stop(self) -> None:
+        logger.info(
+            "cogworker %s stopping (waiting up to %.0fs for running jobs)",
+            self.identity,
+            self.manager.shutdown_timeout_s,
+        )
+        self.manager.stop(self.recovery.settle_unfinished)
+        self.done.set()
+        self.deregister()
+        logger.info("cogworker %s stopped", self.identity)
+
+    def deregister(self) -> None:
+        m = self.manager
+        k = m.keys
+        try:
+            processed, failed = m.take_counts()
+            day = time.strftime("%Y-%m-%d", time.gmtime())
+            pipe = m.client.pipeline(transaction=False)
+            if processed:
+                pipe.incrby(k.stat_processed, processed)
+                pipe.incrby(k.stat_processed_on(day), processed)
+            if failed:
+                pipe.incrby(k.stat_failed, failed)
+                pipe.incrby(k.stat_failed_on(day), failed)
+            pipe.delete(k.process(m.identity), k.workers(m.identity), k.signals(m.identity))
+            pipe.srem(k.processes, m.identity)
+            pipe.execute()
+            # Keep the registration while anything is left on the list (a
+            # job that could not even be handed over): recovery finds it.
+            if m.client.llen(k.inprogress(m.identity)) == 0:
+                pipe = m.client.pipeline(transaction=False)
+                pipe.srem(k.inprogress_identities, m.identity)
+                pipe.hdel(k.last_beat, m.identity)
+                pipe.execute()
+        except Exception as exc:
+            logger.error("could not deregister %s: %s", m.identity, exc)
+
+    # -- housekeeping ------------------------------------------------------------
+
+    def housekeep(self) -> None:
+        recovery = self.recovery
+        reliable = self.manager.reliable
+        if reliable:
+            recovery.recover_orphans(scan=True)
+        next_check = time.monotonic() + self.orphan_check_interval_s()
+        while not self.done.wait(self.config.heartbeat_interval_s):
+            if self.manager.reliable:
+                recovery.isolated("reconciling this process's list", None, None, recovery.reconcile)
+            if time.monotonic() >= next_check:
+                if self.manager.reliable:
+                    recovery.recover_orphans()
+                else:
+                    recovery.isolated("burying repeat orphans", 0, None, recovery.bury_repeat_orphans)
+                    recovery.isolated("filing unsettled jobs", 0, None, recovery.file_unsettled)
+                next_check = time.monotonic() + self.orphan_check_interval_s()
+
+    def orphan_check_interval_s(self) -> float:
+        return self.config.orphan_check_interval_s * (0.9 + 0.2 * random.random())
+
+    # -- signals ---------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        names = {
+            signal.SIGTERM: "stop",
+            signal.SIGINT: "stop",
+            signal.SIGTSTP: "quiet",
+            signal.SIGTTIN: "dump",
+        }
+        for signum, what in names.items():
+            signal.signal(signum, lambda _s, _f, what=what: self.signals.put(what))
+
+    def remote_signal(self, what: str) -> None:
+        if what in ("quiet", "stop", "dump"):
+            logger.info("received %s through Redis", what)
+            self.signals.put(what)
+
+    def handle(self, what: str) -> None:
+        if what == "quiet":
+            logger.info("quiet: no new jobs will be fetched")
+            self.manager.stop_fetching()
+        elif what == "dump":
+            self.dump_threads()
+
+    def dump_threads(self) -> None:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        frames: Any = sys._current_frames()
+        for ident, frame in frames.items():
+            stack = "".join(traceback.format_stack(frame))
+            logger.warning("thread %s (%s):\n%s", names.get(ident, "?"), ident, stack)
+
+    def thread_crashed(self, name: str) -> None:
+        logger.critical("%s died; stopping this process so that its supervisor restarts it", name)
+        self.signals.put("stop")

@@ -1,0 +1,61 @@
+-- One beat of a worker process.
+-- KEYS[1] = process hash (the presence key), KEYS[2] = processes set,
+-- KEYS[3] = last_beat hash, KEYS[4] = inprogress_identities set,
+-- KEYS[5] = workers hash (jobs running now), KEYS[6] = signals list,
+-- KEYS[7] = stat:processed, KEYS[8] = stat:failed,
+-- KEYS[9] = stat:processed:<day>, KEYS[10] = stat:failed:<day>.
+-- ARGV[1] = identity, ARGV[2] = presence TTL (s), ARGV[3] = processed since
+-- the last beat, ARGV[4] = failed since the last beat, ARGV[5] = "1" to
+-- register in inprogress_identities (reliable fetch), ARGV[6] = TTL of the
+-- daily counters (s), ARGV[7] = number of process fields F,
+-- ARGV[8 .. 7+2F] = field, value pairs, then jid, record pairs of the
+-- running jobs.
+-- Returns {signals sent to this process since the last beat...}.
+if redis.replicate_commands then redis.replicate_commands() end
+local identity = ARGV[1]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+
+-- Counters first: they are what was done, whatever else fails.
+local processed, failed = tonumber(ARGV[3]), tonumber(ARGV[4])
+if processed > 0 then
+  redis.call("INCRBY", KEYS[7], processed)
+  redis.call("INCRBY", KEYS[9], processed)
+  redis.call("EXPIRE", KEYS[9], ARGV[6])
+end
+if failed > 0 then
+  redis.call("INCRBY", KEYS[8], failed)
+  redis.call("INCRBY", KEYS[10], failed)
+  redis.call("EXPIRE", KEYS[10], ARGV[6])
+end
+
+local nfields = tonumber(ARGV[7])
+local fields = {}
+for i = 8, 7 + 2 * nfields do
+  table.insert(fields, ARGV[i])
+end
+table.insert(fields, "beat")
+table.insert(fields, string.format("%.6f", now))
+redis.call("HSET", KEYS[1], unpack(fields))
+redis.call("EXPIRE", KEYS[1], ARGV[2])
+redis.call("SADD", KEYS[2], identity)
+redis.call("HSET", KEYS[3], identity, string.format("%.6f", now))
+if ARGV[5] == "1" then
+  redis.call("SADD", KEYS[4], identity)
+end
+
+redis.call("DEL", KEYS[5])
+local running = {}
+for i = 8 + 2 * nfields, #ARGV do
+  table.insert(running, ARGV[i])
+end
+if #running > 0 then
+  redis.call("HSET", KEYS[5], unpack(running))
+  redis.call("EXPIRE", KEYS[5], ARGV[2])
+end
+
+local signals = redis.call("LRANGE", KEYS[6], 0, -1)
+if #signals > 0 then
+  redis.call("DEL", KEYS[6])
+end
+return signals

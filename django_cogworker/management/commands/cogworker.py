@@ -1,0 +1,92 @@
+"""``manage.py cogworker``: run a worker process (or N under a supervisor)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_cogworker.conf import get_config, parse_queue
+
+
+class Command(BaseCommand):
+    help = "Run a django-cogworker worker: fetch jobs from Redis and run them."
+    requires_system_checks = "__all__"  # type: ignore[assignment]
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "-q",
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME[,WEIGHT]",
+            help="queue to work on (repeatable); overrides COGWORKER['QUEUES']",
+        )
+        parser.add_argument("-c", "--concurrency", type=int, help="processor threads")
+        parser.add_argument("--fetch", choices=["reliable", "basic"], help="fetch strategy")
+        parser.add_argument(
+            "-t",
+            "--shutdown-timeout",
+            type=float,
+            dest="shutdown_timeout",
+            help="seconds SIGTERM waits for running jobs",
+        )
+        parser.add_argument("--tag", default="", help="a label shown in the admin's process list")
+        parser.add_argument(
+            "--processes", type=int, default=1, help="run N worker processes under one supervisor"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        processes = options["processes"]
+        if processes < 1:
+            raise CommandError("--processes must be at least 1")
+        if processes > 1:
+            from django_cogworker.supervisor import Supervisor
+
+            child = [a for a in self.child_args(sys.argv)]
+            sys.exit(Supervisor(processes, child).run())
+        self.run_one(options)
+
+    @staticmethod
+    def child_args(argv: list[str]) -> list[str]:
+        """The command line minus ``--processes`` (and what precedes the
+        command name)."""
+        try:
+            rest = argv[argv.index("cogworker") + 1 :]
+        except ValueError:
+            rest = argv[1:]
+        out: list[str] = []
+        skip = False
+        for arg in rest:
+            if skip:
+                skip = False
+                continue
+            if arg == "--processes":
+                skip = True
+                continue
+            if arg.startswith("--processes="):
+                continue
+            out.append(arg)
+        return out
+
+    def run_one(self, options: dict[str, Any]) -> None:
+        from django_cogworker.launcher import Launcher
+
+        config = get_config()
+        queues = None
+        if options["queues"]:
+            try:
+                queues = tuple(parse_queue(q) for q in options["queues"])
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+        if options["concurrency"] is not None and options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        Launcher(
+            config,
+            queues=queues,
+            concurrency=options["concurrency"],
+            fetch=options["fetch"],
+            shutdown_timeout_s=options["shutdown_timeout"],
+            tag=options["tag"],
+        ).run()

@@ -1,0 +1,273 @@
+"""The manager: owns the processor threads and the process's memory of its jobs.
+
+Duties: start ``CONCURRENCY`` processors; know which job each thread runs and
+which finished jobs still owe Redis an ack or a filing (G6, G7: judged from
+this memory, never from Redis); choose the fetch (reliable, or basic on an
+old server, G10); count processed and failed jobs for the heartbeat; and on
+shutdown (G8) quiet at once, wait up to ``SHUTDOWN_TIMEOUT``, interrupt what
+still runs, and put the rest of this process's list back in one call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import redis
+
+from django_cogworker import execution, threads
+from django_cogworker.conf import Config, QueueSpec
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.execution import Outcome
+from django_cogworker.fetch import BasicFetch, Fetcher, ReliableFetch, UnitOfWork, reliable_supported
+from django_cogworker.payload import decode, encode
+from django_cogworker.processor import Processor
+
+logger = logging.getLogger("django_cogworker")
+
+#: A job still running at the shutdown deadline is filed in retry this far
+#: ahead, so no second run starts while the first may still be alive.
+INTERRUPT_DELAY_S = 10.0
+#: After this many interrupts a job is requeued normally: a job that never
+#: fits in a deploy window must not be pushed into the future forever.
+MAX_INTERRUPTS = 3
+#: TTL of the periodic running lock while its job waits in a queue.
+PERIODIC_QUEUED_TTL_S = 3600
+
+Pending = str | tuple[str, float, bytes, str, bool]  # "ack", or (zset, score, payload, jid, trim)
+
+
+class Manager:
+    def __init__(
+        self,
+        config: Config,
+        identity: str,
+        queues: tuple[QueueSpec, ...],
+        concurrency: int,
+        fetch: str,
+        shutdown_timeout_s: float,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.queues = queues
+        self.concurrency = concurrency
+        self.fetch_mode = fetch
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.client = get_redis()
+        self.keys = get_keys()
+        self.quiet = threading.Event()
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._fetcher: Fetcher | None = None
+        self._threads: list[threading.Thread] = []
+        self.running: dict[int, tuple[UnitOfWork, float, str]] = {}
+        self.running_raw: Counter[bytes] = Counter()
+        self.pending: dict[bytes, Pending] = {}
+        self.interrupted: set[bytes] = set()
+        self.processed = 0
+        self.failed = 0
+        self._outage = False
+
+    # -- fetch ---------------------------------------------------------------
+
+    def fetcher(self) -> Fetcher:
+        fetcher = self._fetcher
+        if fetcher is not None:
+            return fetcher
+        with self._lock:
+            if self._fetcher is None:
+                self._fetcher = self._choose_fetch()
+            return self._fetcher
+
+    def _choose_fetch(self) -> Fetcher:
+        if self.fetch_mode == "basic":
+            return BasicFetch(self)
+        # A connection error propagates (the processor backs off and asks
+        # again): a guess made while Redis is unreachable is not an answer.
+        if reliable_supported(self.client):
+            return ReliableFetch(self)
+        logger.warning(
+            "this Redis server cannot do reliable fetch (it needs Redis >= 6.2 with BLMOVE and LPOS); "
+            "falling back to basic fetch: a worker killed mid-job loses the jobs it held"
+        )
+        self.fetch_mode = "basic"
+        return BasicFetch(self)
+
+    def fall_back_to_basic(self, reason: str) -> None:
+        with self._lock:
+            if isinstance(self._fetcher, BasicFetch):
+                return
+            logger.warning("reliable fetch refused by the server (%s); falling back to basic fetch", reason)
+            self.fetch_mode = "basic"
+            self._fetcher = BasicFetch(self)
+
+    @property
+    def reliable(self) -> bool:
+        return self.fetch_mode != "basic"
+
+    def requeue_args(self) -> list[str | int]:
+        return [self.keys.queue_prefix, "default", self.keys.periodic_running_prefix, PERIODIC_QUEUED_TTL_S]
+
+    # -- the processors' record ----------------------------------------------
+
+    def start(self) -> None:
+        for index in range(self.concurrency):
+            processor = Processor(self, index)
+            self._threads.append(threads.start(f"cogworker-processor-{index}", processor.run))
+
+    def started(self, index: int, work: UnitOfWork) -> None:
+        jid = ""
+        with contextlib.suppress(Exception):
+            jid = str(json.loads(work.raw).get("jid", ""))
+        with self._lock:
+            self.running[index] = (work, time.time(), jid)
+            self.running_raw[work.raw] += 1
+
+    def finished(self, index: int, work: UnitOfWork, outcome: Outcome | None) -> None:
+        with self._lock:
+            self.running.pop(index, None)
+            self.running_raw[work.raw] -= 1
+            if self.running_raw[work.raw] <= 0:
+                del self.running_raw[work.raw]
+            if outcome is not None:
+                self.processed += 1
+                self.failed += outcome.failed
+
+    def settle(self, work: UnitOfWork, outcome: Outcome) -> None:
+        """Tell Redis how the job ended; on failure keep it pending (G6)."""
+        if work.raw in self.interrupted:
+            return  # filed in retry by the shutdown already
+        how: Pending
+        if outcome.kind == execution.ACK:
+            how = "ack"
+        else:
+            zset = self.keys.retry if outcome.kind == execution.RETRY else self.keys.dead
+            how = (zset, outcome.score, outcome.encoded(), outcome.jid, outcome.kind == execution.DEAD)
+        try:
+            self.apply(work, how)
+        except Exception as exc:
+            logger.error(
+                "could not settle jid=%s yet (%s: %s); will retry", outcome.jid, type(exc).__name__, exc
+            )
+            with self._lock:
+                self.pending[work.raw] = how
+
+    def apply(self, work: UnitOfWork, how: Pending) -> None:
+        fetcher = self.fetcher()
+        if how == "ack":
+            fetcher.ack(work, _jid_of(work.raw))
+        else:
+            assert isinstance(how, tuple)
+            zset, score, payload, jid, trim = how
+            fetcher.file(work, zset, score, payload, jid, trim)
+
+    def give_back(self, work: UnitOfWork) -> None:
+        try:
+            self.fetcher().give_back(work)
+        except Exception:
+            # Still on our list: the shutdown requeue (or a stray check) puts it back.
+            logger.exception("could not give back a fetched job; it stays in progress")
+
+    def snapshot(self) -> tuple[list[tuple[UnitOfWork, float, str]], dict[bytes, Pending]]:
+        with self._lock:
+            return list(self.running.values()), dict(self.pending)
+
+    def running_counter(self) -> Counter[bytes]:
+        with self._lock:
+            return Counter(self.running_raw)
+
+    def forget_pending(self, raw: bytes) -> None:
+        with self._lock:
+            self.pending.pop(raw, None)
+
+    def take_counts(self) -> tuple[int, int]:
+        with self._lock:
+            counts = (self.processed, self.failed)
+            self.processed = self.failed = 0
+            return counts
+
+    def give_counts_back(self, processed: int, failed: int) -> None:
+        with self._lock:
+            self.processed += processed
+            self.failed += failed
+
+    def report_outage(self, exc: BaseException | None) -> None:
+        with self._lock:
+            first, self._outage = not self._outage, True
+        if first:
+            logger.error("Redis unreachable (%s); processors will retry with backoff", exc)
+
+    def report_recovered(self) -> None:
+        with self._lock:
+            was, self._outage = self._outage, False
+        if was:
+            logger.warning("Redis reachable again; processing resumed")
+
+    # -- shutdown (G8) -------------------------------------------------------
+
+    def stop_fetching(self) -> None:
+        self.quiet.set()
+
+    def busy(self) -> int:
+        with self._lock:
+            return len(self.running)
+
+    def wait_for_processors(self, deadline: float) -> None:
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def stop(self, settle_unfinished: Any) -> None:
+        """Quiet, wait up to the timeout, then settle what is left.
+
+        ``settle_unfinished`` is the recovery module's shutdown step (it owns
+        the scripts that put a process's list back)."""
+        self.quiet.set()
+        deadline = time.monotonic() + self.shutdown_timeout_s
+        self.wait_for_processors(deadline)
+        self.stopping.set()
+        running, _ = self.snapshot()
+        if running:
+            logger.warning("%d job(s) still running at the shutdown deadline", len(running))
+            self.interrupt(running)
+        settle_unfinished(self)
+
+    def interrupt(self, running: list[tuple[UnitOfWork, float, str]]) -> None:
+        for work, _started, jid in running:
+            if not self.reliable:
+                self.give_back(work)
+                continue
+            try:
+                payload = decode(work.raw)
+            except Exception:
+                continue  # requeued with the rest; filed in dead when run
+            count = int(payload.get("interrupt_count", 0)) + 1
+            if count > MAX_INTERRUPTS:
+                continue  # requeued normally by the shutdown requeue
+            payload["interrupt_count"] = count
+            try:
+                filed = self.fetcher().file(
+                    work, self.keys.retry, time.time() + INTERRUPT_DELAY_S, encode(payload), jid, False
+                )
+            except Exception as exc:
+                logger.error("could not interrupt jid=%s (%s); it is requeued instead", jid, exc)
+                continue
+            if filed:
+                with self._lock:
+                    self.interrupted.add(work.raw)
+                logger.warning("interrupted jid=%s; filed in retry to run in %.0fs", jid, INTERRUPT_DELAY_S)
+
+
+def _jid_of(raw: bytes) -> str:
+    try:
+        value = json.loads(raw)
+    except Exception:
+        return ""
+    return str(value.get("jid", "")) if isinstance(value, dict) else ""
+
+
+__all__ = ["Manager", "redis"]

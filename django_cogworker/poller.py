@@ -1,0 +1,93 @@
+"""The poller: moves due jobs from ``N:schedule`` and ``N:retry`` to their queues.
+
+Each batch is read with one ``ZRANGEBYSCORE`` and moved with one
+``move_due.lua`` call, which moves a job only if it is still in the set, so
+many processes polling at once never move a job twice. The period is random
+around ``POLL_INTERVAL`` times the number of live processes, so the whole
+cluster polls every ``POLL_INTERVAL`` on average.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+from django_cogworker.payload import encode
+from django_cogworker.scripts import script
+
+if TYPE_CHECKING:
+    from django_cogworker.launcher import Launcher
+
+logger = logging.getLogger("django_cogworker")
+
+BATCH_SIZE = 100
+
+
+class Poller:
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.client = launcher.manager.client
+        self.keys = launcher.manager.keys
+        self.config = launcher.manager.config
+
+    def enqueue_due(self) -> int:
+        moved = 0
+        for zset in (self.keys.schedule, self.keys.retry):
+            moved += self.move_due(zset)
+        return moved
+
+    def move_due(self, zset: str) -> int:
+        moved = 0
+        while not self.launcher.done.is_set():
+            now = time.time()
+            entries = self.client.zrangebyscore(zset, "-inf", repr(now), start=0, num=BATCH_SIZE)
+            if not entries:
+                break
+            keys = [zset, self.keys.queues]
+            args: list[bytes | str] = []
+            for entry in entries:
+                queue, payload = self.prepare(entry, now)
+                keys.append(self.keys.queue(queue))
+                args += [entry, payload, queue]
+            count = int(script("move_due")(self.client, keys, args))
+            moved += count
+            if count == 0 or len(entries) < BATCH_SIZE:
+                break  # nothing movable left (a broken queue key keeps its jobs back)
+        return moved
+
+    @staticmethod
+    def prepare(entry: bytes, now: float) -> tuple[str, bytes]:
+        """Its queue and the payload to push, with ``enqueued_at`` renewed.
+        An unreadable entry goes to ``default`` unchanged; the processor
+        files it in dead (G13)."""
+        try:
+            payload = json.loads(entry)
+            queue = payload.get("queue") if isinstance(payload, dict) else None
+        except ValueError:
+            return "default", entry
+        if not isinstance(queue, str) or not queue:
+            return "default", entry
+        payload["enqueued_at"] = now
+        return queue, encode(payload)
+
+    def interval_s(self) -> float:
+        try:
+            processes = max(1, int(self.client.scard(self.keys.processes)))
+        except Exception:
+            processes = 1
+        return self.config.poll_interval_s * processes * (0.5 + random.random())
+
+    def run(self) -> None:
+        # A first, short random wait spreads processes started together.
+        if self.launcher.done.wait(random.random() * self.config.poll_interval_s):
+            return
+        while True:
+            try:
+                self.enqueue_due()
+            except Exception as exc:
+                logger.error("poller: %s: %s", type(exc).__name__, exc)
+            if self.launcher.done.wait(self.interval_s()):
+                return

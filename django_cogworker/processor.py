@@ -1,0 +1,81 @@
+"""One processor thread: fetch a job, run it, settle it, repeat.
+
+Duties: keep the manager's in-memory record of what this thread runs (the
+only record strays are judged by, G7); hand every outcome to Redis, and when
+that fails leave it with the manager to settle later, never to re-run (G6);
+survive any exception a job raises (G14) and any Redis outage (threads back
+off, log once per outage, and resume: SPEC section 8).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import redis
+
+from django_cogworker import execution
+from django_cogworker.errors import UnsupportedServer
+from django_cogworker.fetch import UnitOfWork
+
+if TYPE_CHECKING:
+    from django_cogworker.manager import Manager
+
+logger = logging.getLogger("django_cogworker")
+
+OUTAGE_BACKOFF_MAX_S = 5.0
+
+
+class Processor:
+    def __init__(self, manager: Manager, index: int) -> None:
+        self.manager = manager
+        self.index = index
+        self.backoff_s = 0.0
+
+    def run(self) -> None:
+        manager = self.manager
+        while not manager.quiet.is_set():
+            try:
+                work = manager.fetcher().retrieve()
+            except UnsupportedServer as exc:
+                manager.fall_back_to_basic(str(exc))
+                continue
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self.outage(exc)
+                continue
+            except Exception:
+                logger.exception("fetch failed")
+                self.outage(None)
+                continue
+            self.recovered()
+            if work is None:
+                continue
+            if manager.quiet.is_set():
+                manager.give_back(work)
+                break
+            self.process(work)
+
+    def process(self, work: UnitOfWork) -> None:
+        manager = self.manager
+        manager.started(self.index, work)
+        try:
+            outcome = execution.execute(work.raw, manager.config, queue=work.queue)
+        except BaseException:
+            # Only a bug of ours gets here (execute() catches the job's own
+            # exceptions). Leave the job on the list: a stray, requeued by
+            # reconcile.
+            logger.exception("processing jid failed unexpectedly; left in progress")
+            manager.finished(self.index, work, None)
+            return
+        manager.settle(work, outcome)
+        manager.finished(self.index, work, outcome)
+
+    def outage(self, exc: BaseException | None) -> None:
+        self.manager.report_outage(exc)
+        self.backoff_s = min(max(self.backoff_s * 2, 0.1), OUTAGE_BACKOFF_MAX_S)
+        self.manager.stopping.wait(self.backoff_s)
+
+    def recovered(self) -> None:
+        if self.backoff_s:
+            self.backoff_s = 0.0
+            self.manager.report_recovered()

@@ -1,0 +1,59 @@
+"""Lua scripts: read from ``lua/*.lua`` once, run by SHA (G11).
+
+A script may start with ``--! include name.lua`` lines: the named files from
+``lua/lib/`` are prepended, so a function shared by several scripts (such as
+``requeue_job``) is written once. ``EVALSHA`` is tried first; on ``NOSCRIPT``
+(a restarted or failed-over server, ``SCRIPT FLUSH``) the script is loaded
+again and the call repeated once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+Arg = str | bytes | int | float
+
+
+class Script:
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Arg] = ()) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg] = ()) -> None:
+        """Adds the call to a pipeline (the caller loads scripts first: see ``ensure_loaded``)."""
+        pipe.evalsha(self.sha, len(keys), *keys, *args)
+
+    def ensure_loaded(self, client: redis.Redis) -> None:
+        if not client.script_exists(self.sha)[0]:
+            client.script_load(self.source)
+
+
+def _read(path: str) -> str:
+    return resources.files("django_cogworker").joinpath("lua", path).read_text()
+
+
+@functools.cache
+def script(name: str) -> Script:
+    """The script ``lua/<name>.lua`` with its includes."""
+    body = _read(f"{name}.lua")
+    parts = []
+    for line in body.splitlines():
+        if line.startswith("--! include "):
+            parts.append(_read("lib/" + line.removeprefix("--! include ").strip()))
+    parts.append(body)
+    return Script(name, "\n".join(parts))

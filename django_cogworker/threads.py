@@ -1,0 +1,26 @@
+"""Starting threads: named, and a crash is logged, never silently lost."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+logger = logging.getLogger("django_cogworker")
+
+
+def start(
+    name: str, target: Callable[[], None], on_crash: Callable[[str], None] | None = None
+) -> threading.Thread:
+    def run() -> None:
+        try:
+            target()
+        except BaseException:
+            logger.exception("thread %s crashed", name)
+            if on_crash is not None:
+                on_crash(name)
+            raise
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
