@@ -17,11 +17,15 @@ import redis
 from django_cogworker.conf import get_config
 from django_cogworker.keys import Keys, keys
 
+#: redis-py's annotations describe a client that decodes responses to str;
+#: ours returns bytes, so the client is typed loosely rather than wrongly.
+Client = Any
+
 _lock = threading.Lock()
-_client: redis.Redis | None = None
+_client: Client | None = None
 
 
-def get_redis() -> redis.Redis:
+def get_redis() -> Client:
     """The process's Redis client for the current settings."""
     global _client
     client = _client
@@ -47,7 +51,7 @@ def reset() -> None:
             old.close()
 
 
-def _build() -> redis.Redis:
+def _build() -> Client:
     config = get_config()
     if config.cache_alias:
         return _from_cache(config.cache_alias)
@@ -60,7 +64,7 @@ def _build() -> redis.Redis:
     return redis.Redis.from_url(config.redis_url, **options)
 
 
-def _from_cache(alias: str) -> redis.Redis:
+def _from_cache(alias: str) -> Client:
     from django_redis import get_redis_connection
 
     client = get_redis_connection(alias)

@@ -50,7 +50,8 @@ def is_running(directory: str) -> bool:
     if not os.path.exists(path):
         return False
     try:
-        return bool(redis.Redis(unix_socket_path=path, socket_timeout=1).ping())
+        with redis.Redis(unix_socket_path=path, socket_timeout=1) as client:
+            return bool(client.ping())
     except redis.RedisError:
         return False
 
@@ -99,9 +100,11 @@ def stop(directory: str) -> bool:
     """Shuts the server down (saving its AOF); False if it was not running."""
     if not is_running(directory):
         return False
-    client = redis.Redis(unix_socket_path=socket_path(directory), socket_timeout=5)
     # The server closes the connection as it exits.
-    with contextlib.suppress(redis.ConnectionError):
+    with (
+        redis.Redis(unix_socket_path=socket_path(directory), socket_timeout=5) as client,
+        contextlib.suppress(redis.ConnectionError),
+    ):
         client.shutdown()
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and is_running(directory):

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from django_cogworker.connection import Client
 from django_cogworker.errors import UnsupportedServer
-from django_cogworker.scripts import script
+from django_cogworker.scripts import Arg, script
 
 if TYPE_CHECKING:
     from django_cogworker.manager import Manager
@@ -52,7 +53,7 @@ def is_unknown_command(exc: redis.ResponseError) -> bool:
     return "unknown command" in text or "unknown redis command" in text
 
 
-def reliable_supported(client: redis.Redis) -> bool:
+def reliable_supported(client: Client) -> bool:
     """Whether the server can do reliable fetch: >= 6.2, and BLMOVE and LPOS
     not renamed or disabled. A connection error propagates: not an answer,
     so the caller asks again later instead of remembering a guess."""
@@ -124,7 +125,7 @@ class Fetcher:
     def give_back(self, work: UnitOfWork) -> None:
         raise NotImplementedError
 
-    def _trim_args(self, zset: str, trim: bool) -> list[str]:
+    def _trim_args(self, zset: str, trim: bool) -> list[Arg]:
         if not trim:
             return ["", ""]
         config = self.manager.config
@@ -147,7 +148,7 @@ class BasicFetch(Fetcher):
         pass
 
     def file(self, work: UnitOfWork, zset: str, score: float, payload: bytes, jid: str, trim: bool) -> bool:
-        args = [work.raw, repr(score), payload, "0", *self._trim_args(zset, trim)]
+        args: list[Arg] = [work.raw, repr(score), payload, "0", *self._trim_args(zset, trim)]
         return bool(
             script("file")(
                 self.client,
@@ -194,7 +195,7 @@ class ReliableFetch(Fetcher):
         script("ack")(self.client, [self.inprogress, self.keys.orphanings(jid)], [work.raw])
 
     def file(self, work: UnitOfWork, zset: str, score: float, payload: bytes, jid: str, trim: bool) -> bool:
-        args = [work.raw, repr(score), payload, "1", *self._trim_args(zset, trim)]
+        args: list[Arg] = [work.raw, repr(score), payload, "1", *self._trim_args(zset, trim)]
         return bool(script("file")(self.client, [self.inprogress, zset, self.keys.orphanings(jid)], args))
 
     def give_back(self, work: UnitOfWork) -> None:

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from django_cogworker import threads
@@ -186,7 +187,13 @@ class Launcher:
             signal.SIGTTIN: "dump",
         }
         for signum, what in names.items():
-            signal.signal(signum, lambda _s, _f, what=what: self.signals.put(what))
+            signal.signal(signum, self._signal_handler(what))
+
+    def _signal_handler(self, what: str) -> Callable[[int, Any], None]:
+        def handler(_signum: int, _frame: Any) -> None:
+            self.signals.put(what)
+
+        return handler
 
     def remote_signal(self, what: str) -> None:
         if what in ("quiet", "stop", "dump"):

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-
+from django_cogworker.connection import Client
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload
 
 
-def release_owned(client: redis.Redis, key: str, jid: str) -> bool:
+def release_owned(client: Client, key: str, jid: str) -> bool:
     from django_cogworker.scripts import script
 
     return bool(script("release_owned")(client, [key], [jid]))
 
 
-def release_all(client: redis.Redis, keys: Keys, payload: Payload) -> None:
+def release_all(client: Client, keys: Keys, payload: Payload) -> None:
     jid = str(payload.get("jid", ""))
     digest = payload.get("unique_digest")
     if isinstance(digest, str) and digest:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 from django_cogworker.errors import BadPayload
@@ -27,7 +28,7 @@ def encode(payload: Payload) -> bytes:
     return _encoder.encode(payload).encode()
 
 
-def check_arguments(job_name: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
+def check_arguments(job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raises TypeError naming the first argument that JSON cannot carry."""
     for index, value in enumerate(args):
         _check_one(job_name, f"positional argument {index}", value)

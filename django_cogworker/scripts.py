@@ -18,6 +18,8 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
+from django_cogworker.connection import Client
+
 Arg = str | bytes | int | float
 
 
@@ -38,7 +40,7 @@ class Script:
         """Adds the call to a pipeline (the caller loads scripts first: see ``ensure_loaded``)."""
         pipe.evalsha(self.sha, len(keys), *keys, *args)
 
-    def ensure_loaded(self, client: redis.Redis) -> None:
+    def ensure_loaded(self, client: Client) -> None:
         if not client.script_exists(self.sha)[0]:
             client.script_load(self.source)
 

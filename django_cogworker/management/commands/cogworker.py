@@ -12,7 +12,7 @@ from django_cogworker.conf import get_config, parse_queue
 
 class Command(BaseCommand):
     help = "Run a django-cogworker worker: fetch jobs from Redis and run them."
-    requires_system_checks = "__all__"  # type: ignore[assignment]
+    requires_system_checks = "__all__"
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

@@ -12,7 +12,7 @@ from django_cogworker.conf import get_config
 
 class Command(BaseCommand):
     help = "Start, stop or check the embedded Redis server (REDIS_URL = 'embedded')."
-    requires_system_checks: list[str] = []  # type: ignore[assignment]
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["start", "stop", "status"])
