@@ -10,11 +10,16 @@ nothing if someone else moved the entry first.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import itertools
 import json
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.payload import Payload, encode, text
@@ -22,9 +27,33 @@ from django_cogworker.scripts import script
 
 PAGE_SIZE = 25
 
+#: What can be done to a job in a set, one by one or in bulk (``bulk()``).
+ACTIONS = ("retry", "delete", "kill")
+
+#: Entries moved per pipeline round trip by ``bulk()``.
+BULK_BATCH_SIZE = 500
+
 
 def _glob_escape(value: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+def _glob_literal(value: str, *, fold_case: bool = False) -> str:
+    """A glob fragment that every JSON encoding of ``value`` (inside a
+    string) matches, as a prefilter that is checked exactly afterwards. A
+    character that JSON may write escaped (a quote, backslash, slash or
+    control character, or any non-ASCII one, which another client may write
+    as ``\\uXXXX``) becomes ``*``; byte-wise globbing could not bracket a
+    multi-byte character anyway."""
+    parts = []
+    for c in value:
+        if fold_case and c.isascii() and c.isalpha():
+            parts.append(f"[{c.lower()}{c.upper()}]")
+        elif not c.isascii() or c in '"\\/' or ord(c) < 0x20:
+            parts.append("*")
+        else:
+            parts.append(_glob_escape(c))
+    return "".join(parts)
 
 
 def _loads(raw: bytes) -> Payload | None:
@@ -103,23 +132,30 @@ class JobRecord:
                 return False
         return True
 
+    @property
+    def id(self) -> str:
+        """A token that finds this exact entry again through its set's
+        ``get()``: ``<score>~<jid>`` in a sorted set (one ZRANGEBYSCORE away,
+        however large the set), a digest of the entry in a list."""
+        if self.kind == "zset":
+            return f"{self.score!r}~{self.jid}"
+        return hashlib.sha1(self._raw).hexdigest()[:20]
+
     # -- actions ---------------------------------------------------------------
 
-    def _move(self, destination: str, payload: bytes, to_kind: str, where: str | float) -> bool:
+    def _move_call(
+        self, destination: str, payload: bytes, to_kind: str, where: str | float
+    ) -> tuple[list[str], list[str | bytes]]:
         k = get_keys()
         source_kind = "zset" if self.kind == "zset" else "list"
-        return bool(
-            script("move")(
-                get_redis(),
-                [self.source, destination, k.queues],
-                [self._raw, payload, source_kind, to_kind, str(where)],
-            )
+        return (
+            [self.source, destination, k.queues],
+            [self._raw, payload, source_kind, to_kind, str(where)],
         )
 
-    def retry(self) -> bool:
-        """Back on its queue now (from schedule, retry, dead or unsettled)."""
+    def _retry_call(self) -> tuple[list[str], list[str | bytes]] | None:
         if self.kind == "queue":
-            return False
+            return None
         payload = dict(self.payload)
         queue = (
             payload.get("queue")
@@ -128,24 +164,85 @@ class JobRecord:
         )
         payload["enqueued_at"] = time.time()
         data = encode(payload) if "job" in payload else self.payload_raw
-        return self._move(get_keys().queue(str(queue)), data, "queue", str(queue))
+        return self._move_call(get_keys().queue(str(queue)), data, "queue", str(queue))
 
-    def kill(self) -> bool:
-        """To the dead set now."""
+    def _kill_call(self) -> tuple[list[str], list[str | bytes]] | None:
         k = get_keys()
         if self.kind == "zset" and self.source == k.dead:
-            return False
+            return None
         payload = dict(self.payload)
         payload.setdefault("error_class", "Killed")
         payload.setdefault("error_message", "killed by hand")
         payload["failed_at"] = payload.get("failed_at") or time.time()
-        return self._move(k.dead, encode(payload), "zset", repr(time.time()))
+        return self._move_call(k.dead, encode(payload), "zset", repr(time.time()))
+
+    def _call(self, action: str) -> tuple[list[str], list[str | bytes]] | None:
+        return self._retry_call() if action == "retry" else self._kill_call()
+
+    def _queue_action(self, pipe: Any, action: str) -> bool:
+        """Adds ``action`` on this entry to a pipeline; False if it does not apply."""
+        if action == "delete":
+            if self.kind == "zset":
+                pipe.zrem(self.source, self._raw)
+            else:
+                pipe.lrem(self.source, 1, self._raw)
+            return True
+        call = self._call(action)
+        if call is None:
+            return False
+        script("move").queue(pipe, *call)
+        return True
+
+    def retry(self) -> bool:
+        """Back on its queue now (from schedule, retry, dead or unsettled)."""
+        call = self._retry_call()
+        return call is not None and bool(script("move")(get_redis(), *call))
+
+    def kill(self) -> bool:
+        """To the dead set now."""
+        call = self._kill_call()
+        return call is not None and bool(script("move")(get_redis(), *call))
 
     def delete(self) -> bool:
         client = get_redis()
         if self.kind == "zset":
             return bool(client.zrem(self.source, self._raw))
         return bool(client.lrem(self.source, 1, self._raw))
+
+    def apply(self, action: str) -> bool:
+        """One of ``ACTIONS`` by name; False if the entry was gone (or it is dead and asked to die)."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
+        return bool(getattr(self, action)())
+
+
+def bulk(records: Iterable[JobRecord], action: str) -> int:
+    """Applies one of ``ACTIONS`` to every record, ``BULK_BATCH_SIZE`` per
+    round trip; returns how many entries were moved or deleted. Entries that
+    someone else moved first are skipped (each move checks its source)."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
+    client = get_redis()
+    script("move").ensure_loaded(client)
+    done = 0
+    iterator = iter(records)
+    while chunk := list(itertools.islice(iterator, BULK_BATCH_SIZE)):
+        for attempt in (1, 2):
+            pipe = client.pipeline(transaction=False)
+            queued = [r._queue_action(pipe, action) for r in chunk]
+            if not any(queued):
+                break
+            try:
+                done += sum(1 for reply in pipe.execute() if reply)
+                break
+            except NoScriptError:
+                # The server lost its scripts between the load and this batch
+                # (restart, failover). Replaying is safe: moves already done
+                # find their entry gone and return 0.
+                if attempt == 2:
+                    raise
+                script("move").ensure_loaded(client)
+    return done
 
 
 # -- queues ---------------------------------------------------------------------
@@ -263,13 +360,10 @@ class SortedSet:
         is not read whole into Python."""
         pattern = "*"
         if name:
-            pattern = f'*"job":{_glob_escape(json.dumps(name))}*'
+            # ``*`` after the colon: another client may write a space there.
+            pattern = f'*"job":*"{_glob_literal(name)}"*'
         elif search:
-            pattern = (
-                "*"
-                + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else _glob_escape(c) for c in search)
-                + "*"
-            )
+            pattern = f"*{_glob_literal(search, fold_case=True)}*"
         found: list[JobRecord] = []
         for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=1000):
             record = self._record(raw, score)
@@ -282,6 +376,22 @@ class SortedSet:
         pattern = f'*"jid":{_glob_escape(json.dumps(jid))}*'
         for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=1000):
             record = self._record(raw, score)
+            if record.jid == jid:
+                return record
+        return None
+
+    def get(self, record_id: str) -> JobRecord | None:
+        """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
+        score_text, sep, jid = record_id.partition("~")
+        try:
+            score = float(score_text)
+        except ValueError:
+            return None
+        if not sep or math.isnan(score):
+            return None
+        bound = repr(score)
+        for raw, s in get_redis().zrangebyscore(self.key, bound, bound, withscores=True):
+            record = self._record(raw, s)
             if record.jid == jid:
                 return record
         return None
@@ -356,6 +466,10 @@ class UnsettledSet:
 
     def find(self, jid: str) -> JobRecord | None:
         return next((r for r in self if r.jid == jid), None)
+
+    def get(self, record_id: str) -> JobRecord | None:
+        """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
+        return next((r for r in self if r.id == record_id), None)
 
     def clear(self) -> int:
         pipe = get_redis().pipeline(transaction=True)

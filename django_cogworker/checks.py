@@ -5,7 +5,9 @@ Each error names the key and says what would be right.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import zoneinfo
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 from django.utils.module_loading import import_string
 
+from django_cogworker import registry
 from django_cogworker.conf import DEFAULTS, merged, parse_queue
 
 _NUMBER = (int, float)
@@ -28,6 +31,9 @@ POSITIVE_NUMBERS = (
 )
 POSITIVE_INTS = ("CONCURRENCY", "DEAD_MAX_JOBS")
 NON_NEGATIVE_INTS = ("MAX_ORPHANINGS", "DEFAULT_RETRY")
+
+#: The keys a ``PERIODIC`` entry may have ("cron" and "job" are required).
+PERIODIC_KEYS = ("cron", "job", "args", "kwargs", "queue", "tz", "until_executed")
 
 
 def _error(msg: str, hint: str, id_: str) -> Error:
@@ -46,10 +52,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         ]
     errors: list[CheckMessage] = []
-    for key in sorted(set(raw) - set(DEFAULTS)):
+    for key in sorted(set(raw) - set(DEFAULTS), key=str):
+        close = difflib.get_close_matches(str(key), list(DEFAULTS), n=1)
         errors.append(
             _error(
-                f"COGWORKER[{key!r}] is not a known setting.",
+                f"COGWORKER[{key!r}] is not a known setting"
+                + (f"; did you mean {close[0]!r}?" if close else "."),
                 f"Known keys: {', '.join(sorted(DEFAULTS))}.",
                 "cogworker.E002",
             )
@@ -162,9 +170,19 @@ def _connection(values: dict[str, Any]) -> list[CheckMessage]:
     if not isinstance(values["REDIS_OPTIONS"], dict):
         errors.append(
             _error(
-                "COGWORKER['REDIS_OPTIONS'] must be a dict of redis-py keyword arguments.",
+                "COGWORKER['REDIS_OPTIONS'] must be a dict of redis-py keyword arguments, "
+                f"got {values['REDIS_OPTIONS']!r}.",
                 "For example {'socket_timeout': 5}.",
                 "cogworker.E011",
+            )
+        )
+    directory = values["EMBEDDED_DIR"]
+    if directory is not None and (not isinstance(directory, str) or not directory):
+        errors.append(
+            _error(
+                f"COGWORKER['EMBEDDED_DIR'] must be a directory path (a string) or None, got {directory!r}.",
+                "None keeps the embedded Redis in .cogworker/ under BASE_DIR.",
+                "cogworker.E021",
             )
         )
     ns = values["NAMESPACE"]
@@ -208,6 +226,15 @@ def _queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
                         "cogworker.E013",
                     )
                 )
+        names = [s.name for s in specs if s is not None]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            errors.append(
+                _error(
+                    f"COGWORKER['QUEUES'] lists the queue {name!r} more than once.",
+                    "Name each queue once; give it a weight to make it fetched more often.",
+                    "cogworker.E013",
+                )
+            )
         weights = {bool(s.weight) for s in specs if s is not None}
         if len(weights) > 1:
             errors.append(
@@ -228,7 +255,7 @@ def _queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
     if not isinstance(values["ENQUEUE_ON_COMMIT"], bool):
         errors.append(
             _error(
-                "COGWORKER['ENQUEUE_ON_COMMIT'] must be True or False.",
+                f"COGWORKER['ENQUEUE_ON_COMMIT'] must be True or False, got {values['ENQUEUE_ON_COMMIT']!r}.",
                 "The default is True.",
                 "cogworker.E016",
             )
@@ -243,7 +270,8 @@ def _dotted_paths(values: dict[str, Any]) -> list[CheckMessage]:
     if not isinstance(middleware, dict) or set(middleware) - {"client", "server"}:
         errors.append(
             _error(
-                "COGWORKER['MIDDLEWARE'] must be a dict with the keys 'client' and 'server'.",
+                "COGWORKER['MIDDLEWARE'] must be a dict with the keys 'client' and 'server', "
+                f"got {middleware!r}.",
                 "For example {'client': [], 'server': ['myapp.middleware.Timing']}.",
                 "cogworker.E017",
             )
@@ -254,7 +282,7 @@ def _dotted_paths(values: dict[str, Any]) -> list[CheckMessage]:
             if not isinstance(entries, list | tuple):
                 errors.append(
                     _error(
-                        f"COGWORKER['MIDDLEWARE'][{side!r}] must be a list of dotted paths.",
+                        f"COGWORKER['MIDDLEWARE'][{side!r}] must be a list of dotted paths, got {entries!r}.",
                         "For example ['myapp.middleware.Timing'].",
                         "cogworker.E017",
                     )
@@ -265,7 +293,7 @@ def _dotted_paths(values: dict[str, Any]) -> list[CheckMessage]:
     if not isinstance(handlers, list | tuple):
         errors.append(
             _error(
-                "COGWORKER['ERROR_HANDLERS'] must be a list of dotted paths.",
+                f"COGWORKER['ERROR_HANDLERS'] must be a list of dotted paths, got {handlers!r}.",
                 "For example ['myapp.errors.report'].",
                 "cogworker.E018",
             )
@@ -273,26 +301,93 @@ def _dotted_paths(values: dict[str, Any]) -> list[CheckMessage]:
     else:
         paths += [("COGWORKER['ERROR_HANDLERS']", p) for p in handlers]
     for where, path in paths:
-        try:
-            import_string(path)
-        except Exception as exc:
-            errors.append(
-                _error(
-                    f"{where}: cannot import {path!r} ({exc}).",
-                    "Give the dotted path of a class or function.",
-                    "cogworker.E019",
-                )
-            )
-    periodic = values["PERIODIC"]
-    if not isinstance(periodic, list | tuple):
+        if not isinstance(path, str) or not path:
+            problem = f"{path!r} is not a dotted path (a string)"
+        else:
+            try:
+                target = import_string(path)
+            except Exception as exc:
+                problem = f"cannot import {path!r} ({exc})"
+            else:
+                if callable(target):
+                    continue
+                problem = f"{path!r} is a {type(target).__name__}, not a class or function"
         errors.append(
-            _error(
-                "COGWORKER['PERIODIC'] must be a list of entries.",
-                "See the periodic jobs documentation.",
-                "cogworker.E020",
-            )
+            _error(f"{where}: {problem}.", "Give the dotted path of a class or function.", "cogworker.E019")
         )
     return errors
+
+
+def _periodic(values: dict[str, Any]) -> list[CheckMessage]:
+    periodic = values["PERIODIC"]
+    if not isinstance(periodic, list | tuple):
+        return [
+            _error(
+                f"COGWORKER['PERIODIC'] must be a list of entries, got {periodic!r}.",
+                'For example [{"cron": "*/5 * * * *", "job": "myapp.jobs.cleanup"}].',
+                "cogworker.E020",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    for index, entry in enumerate(periodic):
+        where = f"COGWORKER['PERIODIC'][{index}]"
+        for problem in _periodic_entry_problems(entry):
+            errors.append(
+                _error(
+                    f"{where}: {problem}.",
+                    f"An entry is a dict with the keys {', '.join(PERIODIC_KEYS)} "
+                    '(only "cron" and "job" are required).',
+                    "cogworker.E020",
+                )
+            )
+    return errors
+
+
+def _periodic_entry_problems(entry: Any) -> list[str]:
+    if not isinstance(entry, dict):
+        return [f"must be a dict, got {entry!r}"]
+    problems = [f"unknown key {key!r}" for key in sorted(set(entry) - set(PERIODIC_KEYS), key=str)]
+    cron = entry.get("cron")
+    if not isinstance(cron, str) or not cron.strip():
+        problems.append(f"'cron' must be a cron expression such as '*/5 * * * *', got {cron!r}")
+    elif not _valid_cron(cron):
+        problems.append(f"'cron' {cron!r} is not a valid cron expression")
+    name = entry.get("job")
+    if not isinstance(name, str) or not name:
+        problems.append(f"'job' must be the name of a registered job, got {name!r}")
+    elif registry.get(name) is None:
+        problems.append(
+            f"'job' {name!r} is not a registered job (a @job function of an installed app's jobs module)"
+        )
+    if not isinstance(entry.get("args", []), list | tuple):
+        problems.append(f"'args' must be a list, got {entry['args']!r}")
+    if not isinstance(entry.get("kwargs", {}), dict):
+        problems.append(f"'kwargs' must be a dict, got {entry['kwargs']!r}")
+    queue = entry.get("queue")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        problems.append(f"'queue' must be a queue name or None, got {queue!r}")
+    tz = entry.get("tz", "UTC")
+    if not isinstance(tz, str) or not _valid_zone(tz):
+        problems.append(f"'tz' must be an IANA time zone name such as 'Europe/Paris', got {tz!r}")
+    if not isinstance(entry.get("until_executed", False), bool):
+        problems.append(f"'until_executed' must be True or False, got {entry['until_executed']!r}")
+    return problems
+
+
+def _valid_cron(expression: str) -> bool:
+    try:
+        from croniter import croniter
+    except ImportError:  # a dependency; without it the periodic ticker reports the error
+        return True
+    return bool(croniter.is_valid(expression))
+
+
+def _valid_zone(name: str) -> bool:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # "Europe" is a directory
+        return False
+    return True
 
 
 CHECKS: list[Callable[[dict[str, Any]], list[CheckMessage]]] = [
@@ -301,4 +396,5 @@ CHECKS: list[Callable[[dict[str, Any]], list[CheckMessage]]] = [
     _connection,
     _queues_and_modes,
     _dotted_paths,
+    _periodic,
 ]

@@ -113,7 +113,8 @@ class Fetcher:
 
     # -- the interface every fetch implements -------------------------------
 
-    def retrieve(self) -> UnitOfWork | None:
+    def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
+        """The next job or None; acknowledges ``done`` (previous job, jid) first."""
         raise NotImplementedError
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
@@ -133,7 +134,7 @@ class Fetcher:
 
 
 class BasicFetch(Fetcher):
-    def retrieve(self) -> UnitOfWork | None:
+    def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
         queues = self.active_queues()
         if not queues:
             self.manager.stopping.wait(BLOCKING_TIMEOUT_S)
@@ -168,28 +169,38 @@ class ReliableFetch(Fetcher):
         super().__init__(manager)
         self.inprogress = self.keys.inprogress(manager.identity)
 
-    def retrieve(self) -> UnitOfWork | None:
+    def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
+        """The next job, acknowledging ``done`` (the thread's previous job and
+        its jid) in the same call. One queue: when it is empty, a blocking
+        BLMOVE waits for the next job (no polling)."""
         queues = self.active_queues()
         if not queues:
+            if done is not None:
+                self.ack(*done)
             self.manager.stopping.wait(BLOCKING_TIMEOUT_S)
             return None
+        k = self.keys
         try:
-            if len(queues) == 1:
-                raw = self.client.blmove(
-                    self.keys.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT"
+            if done is not None or len(queues) > 1:
+                ack_raw, ack_jid = (done[0].raw, done[1]) if done is not None else (b"", "")
+                found = script("fetch")(
+                    self.client,
+                    [*(k.queue(q) for q in queues), self.inprogress, k.orphanings(ack_jid)],
+                    [ack_raw],
                 )
-                return None if raw is None else UnitOfWork(queues[0], raw)
-            found = script("fetch")(self.client, [*(self.keys.queue(q) for q in queues), self.inprogress])
+                if found:
+                    self.not_idle()
+                    index, raw = found
+                    return UnitOfWork(queues[int(index) - 1], raw)
+                if len(queues) > 1:
+                    self.idle_sleep()
+                    return None
+            raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
         except redis.ResponseError as exc:
             if is_unknown_command(exc):
                 raise UnsupportedServer(str(exc)) from exc
             raise
-        if not found:
-            self.idle_sleep()
-            return None
-        self.not_idle()
-        index, raw = found
-        return UnitOfWork(queues[int(index) - 1], raw)
+        return None if raw is None else UnitOfWork(queues[0], raw)
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         script("ack")(self.client, [self.inprogress, self.keys.orphanings(jid)], [work.raw])

@@ -157,6 +157,22 @@ class Manager:
             with self._lock:
                 self.pending[work.raw] = how
 
+    def defer_ack(self, work: UnitOfWork) -> None:
+        """The job finished; its ack goes with the thread's next fetch."""
+        if work.raw in self.interrupted:
+            return
+        with self._lock:
+            self.pending[work.raw] = "ack"
+
+    def settle_ack(self, work: UnitOfWork, jid: str) -> None:
+        """Sends a deferred ack now (the thread is not fetching again)."""
+        try:
+            self.fetcher().ack(work, jid)
+        except Exception as exc:
+            logger.error("could not acknowledge jid=%s yet (%s); will retry", jid, exc)
+            return
+        self.forget_pending(work.raw)
+
     def apply(self, work: UnitOfWork, how: Pending) -> None:
         fetcher = self.fetcher()
         if how == "ack":

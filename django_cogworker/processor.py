@@ -34,28 +34,40 @@ class Processor:
 
     def run(self) -> None:
         manager = self.manager
+        # The previous job, finished, whose ack rides on the next fetch. It
+        # is recorded as a pending ack in the manager's memory meanwhile, so
+        # it is never taken for a stray and never run again (G6).
+        done: tuple[UnitOfWork, str] | None = None
         while not manager.quiet.is_set():
             try:
-                work = manager.fetcher().retrieve()
+                work = manager.fetcher().retrieve(done)
             except UnsupportedServer as exc:
                 manager.fall_back_to_basic(str(exc))
                 continue
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                done = None  # stays a pending ack: reconcile retries it
                 self.outage(exc)
                 continue
             except Exception:
                 logger.exception("fetch failed")
+                done = None
                 self.outage(None)
                 continue
+            if done is not None:
+                manager.forget_pending(done[0].raw)
+                done = None
             self.recovered()
             if work is None:
                 continue
             if manager.quiet.is_set():
                 manager.give_back(work)
                 break
-            self.process(work)
+            done = self.process(work)
+        if done is not None:
+            manager.settle_ack(*done)
 
-    def process(self, work: UnitOfWork) -> None:
+    def process(self, work: UnitOfWork) -> tuple[UnitOfWork, str] | None:
+        """Runs one job; returns it if its ack is left to the next fetch."""
         manager = self.manager
         manager.started(self.index, work)
         try:
@@ -64,11 +76,16 @@ class Processor:
             # Only a bug of ours gets here (execute() catches the job's own
             # exceptions). Leave the job on the list: a stray, requeued by
             # reconcile.
-            logger.exception("processing jid failed unexpectedly; left in progress")
+            logger.exception("processing a job failed unexpectedly; left in progress")
             manager.finished(self.index, work, None)
-            return
+            return None
+        if outcome.kind == execution.ACK and manager.reliable:
+            manager.defer_ack(work)
+            manager.finished(self.index, work, outcome)
+            return (work, outcome.jid)
         manager.settle(work, outcome)
         manager.finished(self.index, work, outcome)
+        return None
 
     def outage(self, exc: BaseException | None) -> None:
         self.manager.report_outage(exc)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django_cogworker import client, execution
-from django_cogworker.conf import get_config
+from django_cogworker.conf import Config, get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.payload import Payload, encode
 
@@ -63,7 +63,7 @@ def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, m
             return ran
         outcome = execution.execute(got, config)
         ran += 1
-        _apply(redis_client, k, outcome)
+        _apply(redis_client, k, outcome, config)
     return ran
 
 
@@ -75,11 +75,16 @@ def _pop_any(redis_client: Any, k: Any, names: list[str]) -> bytes | None:
     return None
 
 
-def _apply(redis_client: Any, k: Any, outcome: execution.Outcome) -> None:
+def _apply(redis_client: Any, k: Any, outcome: execution.Outcome, config: Config) -> None:
     if outcome.kind == execution.RETRY:
         redis_client.zadd(k.retry, {outcome.encoded(): outcome.score})
     elif outcome.kind == execution.DEAD:
-        redis_client.zadd(k.dead, {outcome.encoded(): outcome.score})
+        # Trimmed as a worker's filing trims it (DEAD_TIMEOUT, DEAD_MAX_JOBS).
+        pipe = redis_client.pipeline(transaction=False)
+        pipe.zadd(k.dead, {outcome.encoded(): outcome.score})
+        pipe.zremrangebyscore(k.dead, "-inf", f"({time.time() - config.dead_timeout_s!r}")
+        pipe.zremrangebyrank(k.dead, 0, -(config.dead_max_jobs + 1))
+        pipe.execute()
 
 
 def _move_due(redis_client: Any, k: Any) -> None:

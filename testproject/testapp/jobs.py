@@ -75,3 +75,73 @@ def error_handler(exc: BaseException, context: dict) -> None:
         f"{get_config().namespace}:test:errors",
         json.dumps({"error": type(exc).__name__, "jid": context.get("jid"), "job": context.get("job")}),
     )
+
+
+@job
+def noop() -> None:
+    """Does nothing: used to measure the worker's own cost per job."""
+
+
+# -- jobs of the guarantee and chaos tests (tests/test_guarantees.py, tests/test_chaos.py) --
+
+
+@job
+def block_first_run(seconds: float, tag: object = None) -> None:
+    """Sleeps on its first run only (per jid), so that a test can kill the
+    process holding it; any later run (after a recovery) is quick."""
+    ctx = current_job()
+    first = get_redis().set(f"{get_config().namespace}:test:first:{ctx.jid if ctx else ''}", 1, nx=True)
+    if first:
+        _note("started", tag=tag)
+        time.sleep(seconds)
+    _note("runs", tag=tag)
+
+
+@job(retry_in=lambda count, exc: 0.2)
+def pace(seconds: float, tag: object = None) -> None:
+    """Takes ``seconds``; retried after 0.2 s if it fails (say, Redis went away
+    under it), so that a test of outages stays short."""
+    time.sleep(seconds)
+    _note("runs", tag=tag)
+
+
+@job(retry=0)
+def fail_no_retry(message: str = "boom") -> None:
+    _note("runs", tag=message)
+    raise ValueError(message)
+
+
+class JobAborted(BaseException):
+    """A BaseException that is neither SystemExit nor KeyboardInterrupt."""
+
+
+@job(retry=0)
+def raise_base_exception(kind: str) -> None:
+    _note("runs", tag=kind)
+    if kind == "SystemExit":
+        raise SystemExit(3)
+    if kind == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    raise JobAborted(kind)
+
+
+@job
+def db_close_probe(close_in_s: float, tag: object = None) -> None:
+    """Opens this thread's database connection and marks it obsolete in
+    ``close_in_s`` (as CONN_MAX_AGE would), noting under ``closed`` (with the
+    jid of the job then current) each time Django's ``close_old_connections``
+    closes it: so a test sees whether it runs before and after each job."""
+    from django.db import connection
+
+    if not getattr(connection, "_probe_installed", False):
+        original_close = connection.close
+
+        def close() -> None:
+            _note("closed")
+            original_close()
+
+        connection.close = close
+        connection._probe_installed = True
+    _note("runs", tag=tag, had_connection=connection.connection is not None)
+    connection.ensure_connection()
+    connection.close_at = time.monotonic() + close_in_s

@@ -1,0 +1,206 @@
+"""Client and server middleware: the two chains every job passes through.
+
+Duties:
+- build each chain once per process from ``COGWORKER["MIDDLEWARE"]``
+  (``{"client": [...], "server": [...]}``, dotted paths of classes made with
+  no arguments), always with our own middleware first: unique jobs
+  (:mod:`django_cogworker.unique`) and the periodic running lock
+  (:mod:`django_cogworker.periodic`), so a user's middleware cannot skip the
+  locks and sees payloads the locks let through;
+- client side, around enqueue: each middleware may change the payload or
+  refuse it (return None); a refused payload is not pushed and ``.delay()``
+  returns None. The middleware that had already let it through are told
+  (``cancel``, in reverse order) so that they can undo what they did, such as
+  a unique lock taken for a job that will never exist;
+- server side, around execution: ``before`` in order before the job runs,
+  ``after`` in reverse order once the outcome is known (success, retry, dead
+  or dropped), so that a lock is released when the job ends for good and
+  kept over a retry. ``after`` is called only on the middleware whose
+  ``before`` returned; a failing ``after`` is logged and never changes the
+  outcome; a failing ``before`` fails the run like the job's own exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from django_cogworker.conf import get_config
+from django_cogworker.errors import ConfigurationError
+from django_cogworker.payload import Payload
+
+logger = logging.getLogger("django_cogworker")
+
+#: Always first in their chain, before the user's.
+BUILTIN_CLIENT = ("django_cogworker.unique.UniqueClientMiddleware",)
+BUILTIN_SERVER = (
+    "django_cogworker.unique.UniqueServerMiddleware",
+    "django_cogworker.periodic.PeriodicLockMiddleware",
+)
+
+# How a run ended, as ``after`` is told.
+SUCCESS = "success"
+RETRY = "retry"  # filed in the retry set: it runs again
+DEAD = "dead"  # exhausted: filed in the dead set
+DROPPED = "dropped"  # exhausted with ``dead=False``: gone
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a run ended: ``status`` (SUCCESS, RETRY, DEAD or DROPPED), the
+    exception of a failed run, and for a retry when it is due (epoch s)."""
+
+    status: str
+    exc: BaseException | None = None
+    retry_at: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status != SUCCESS
+
+    @property
+    def final(self) -> bool:
+        """The job will not run again (success or a terminal failure)."""
+        return self.status != RETRY
+
+
+class ClientMiddleware:
+    """Runs in the enqueuing process, before a payload is pushed."""
+
+    def enqueue(self, payload: Payload, *, at: float | None = None) -> Payload | None:
+        """The payload to push (this one or a changed copy), or None to refuse
+        it. ``at`` is when a scheduled job is due (epoch s), None for now."""
+        return payload
+
+    def cancel(self, payload: Payload) -> None:
+        """A payload this middleware let through will not be pushed after all
+        (a later middleware refused it, or the push failed)."""
+
+
+class ServerMiddleware:
+    """Runs in the worker, in the job's thread and context (``current_job()``)."""
+
+    def before(self, payload: Payload) -> None:
+        """Before the job runs. Raising fails this run like the job would."""
+
+    def after(self, payload: Payload, result: Result) -> None:
+        """Once the outcome is known, before it is written to Redis."""
+
+
+class ClientChain:
+    def __init__(self, items: Iterable[ClientMiddleware]) -> None:
+        self.items = tuple(items)
+
+    def run(self, payload: Payload, *, at: float | None = None) -> Payload | None:
+        """The payload to push, or None if a middleware refused it."""
+        passed: list[ClientMiddleware] = []
+        for item in self.items:
+            try:
+                changed = item.enqueue(payload, at=at)
+            except BaseException:
+                _cancel(passed, payload)
+                raise
+            if changed is None:
+                logger.debug("jid=%s %s refused by %s", payload.get("jid"), payload.get("job"), _name(item))
+                _cancel(passed, payload)
+                return None
+            passed.append(item)
+            payload = changed
+        return payload
+
+    def cancel(self, payload: Payload) -> None:
+        """Undo a whole run: its payload will not be pushed after all."""
+        _cancel(list(self.items), payload)
+
+
+class ServerRun:
+    """One run of one payload through the server chain."""
+
+    def __init__(self, items: tuple[ServerMiddleware, ...], payload: Payload) -> None:
+        self.items = items
+        self.payload = payload
+        self.entered: list[ServerMiddleware] = []
+
+    def before(self) -> None:
+        for item in self.items:
+            item.before(self.payload)
+            self.entered.append(item)
+
+    def after(self, result: Result) -> None:
+        for item in reversed(self.entered):
+            try:
+                item.after(self.payload, result)
+            except Exception:
+                logger.exception("server middleware %s failed after jid=%s", _name(item), self.payload.get("jid"))
+
+
+class ServerChain:
+    def __init__(self, items: Iterable[ServerMiddleware]) -> None:
+        self.items = tuple(items)
+
+    def start(self, payload: Payload) -> ServerRun:
+        return ServerRun(self.items, payload)
+
+
+def _cancel(passed: list[ClientMiddleware], payload: Payload) -> None:
+    for item in reversed(passed):
+        try:
+            item.cancel(payload)
+        except Exception:
+            logger.exception("client middleware %s failed to cancel jid=%s", _name(item), payload.get("jid"))
+
+
+def _name(item: Any) -> str:
+    cls = type(item)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_lock = threading.Lock()
+_client_chains: dict[tuple[str, ...], ClientChain] = {}
+_server_chains: dict[tuple[str, ...], ServerChain] = {}
+
+
+def _build(paths: tuple[str, ...], base: type) -> list[Any]:
+    items = []
+    for path in paths:
+        try:
+            cls = import_string(path)
+        except ImportError as exc:
+            raise ConfigurationError(f"COGWORKER['MIDDLEWARE']: cannot import {path!r} ({exc})") from exc
+        item = cls()
+        if not isinstance(item, base):
+            raise ConfigurationError(
+                f"COGWORKER['MIDDLEWARE']: {path!r} is not a {base.__name__} subclass; "
+                f"derive it from django_cogworker.middleware.{base.__name__}"
+            )
+        items.append(item)
+    return items
+
+
+def client_chain() -> ClientChain:
+    """This process's client chain for the current settings (built once)."""
+    paths = BUILTIN_CLIENT + get_config().client_middleware
+    chain = _client_chains.get(paths)
+    if chain is None:
+        with _lock:
+            chain = _client_chains.get(paths)
+            if chain is None:
+                chain = _client_chains[paths] = ClientChain(_build(paths, ClientMiddleware))
+    return chain
+
+
+def server_chain() -> ServerChain:
+    """This process's server chain for the current settings (built once)."""
+    paths = BUILTIN_SERVER + get_config().server_middleware
+    chain = _server_chains.get(paths)
+    if chain is None:
+        with _lock:
+            chain = _server_chains.get(paths)
+            if chain is None:
+                chain = _server_chains[paths] = ServerChain(_build(paths, ServerMiddleware))
+    return chain
