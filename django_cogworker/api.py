@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,49 @@ def _loads(raw: bytes) -> Payload | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _string_field(field: str) -> re.Pattern[bytes]:
+    return re.compile(b'"' + field.encode() + rb'"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+_STRING_FIELDS = {f: _string_field(f) for f in ("jid", "job", "queue", "error_class", "error_message")}
+
+
+def _field_text(raw: bytes, field: str) -> str | None:
+    """The string value of ``field`` read from the bytes when the name occurs
+    once (as a string key); "" when it does not occur; None when unsure (it
+    occurs several times, or its value is not a string)."""
+    occurrences = raw.count(b'"' + field.encode() + b'"')
+    if occurrences == 0:
+        return ""
+    found = _STRING_FIELDS[field].findall(raw)
+    if occurrences > 1 or len(found) != 1:
+        return None
+    value = found[0]
+    try:
+        return json.loads(b'"' + value + b'"') if b"\\" in value else value.decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _quick_match(raw: bytes, *, name: str | None, queue: str | None, search: str | None) -> bool | None:
+    """``JobRecord.matches`` decided from the bytes, where a field can be read
+    without parsing the payload; None when unsure (then the caller parses)."""
+    for field, wanted in (("job", name), ("queue", queue)):
+        if wanted:
+            value = _field_text(raw, field)
+            if value is None:
+                return None
+            if value != wanted:
+                return False
+    if search:
+        needle = search.lower()
+        values = [_field_text(raw, f) for f in ("jid", "error_message", "error_class")]
+        if any(v is None for v in values):
+            return None
+        return any(needle in str(v).lower() for v in values)
+    return True
 
 
 class JobRecord:
@@ -286,11 +330,11 @@ class Queue:
         get_redis().srem(get_keys().paused, self.name)
 
     def clear(self) -> int:
-        """Deletes every job in the queue; returns how many."""
+        """Deletes every job in the queue; returns how many. The queue stays
+        known (listed by ``Queue.all()``, with size 0)."""
         pipe = get_redis().pipeline(transaction=True)
         pipe.llen(self.key)
         pipe.delete(self.key)
-        pipe.srem(get_keys().queues, self.name)
         return int(pipe.execute()[0])
 
     def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
@@ -347,6 +391,37 @@ class SortedSet:
                 return
             offset += 500
 
+    @staticmethod
+    def _pattern(name: str | None, queue: str | None, search: str | None) -> str:
+        # ``*`` after each colon: another client may write a space there.
+        if name:
+            return f'*"job":*"{_glob_literal(name)}"*'
+        if search:
+            return f"*{_glob_literal(search, fold_case=True)}*"
+        if queue:
+            return f'*"queue":*"{_glob_literal(queue)}"*'
+        return "*"
+
+    def _candidates(
+        self, name: str | None, queue: str | None, search: str | None
+    ) -> list[tuple[float, bytes, bool]]:
+        """(score, entry, sure) of the entries that may match, in the set's
+        order. ZSCAN's pattern narrows them on the server; ``_quick_match``
+        settles most of the rest from the bytes (``sure``) without parsing."""
+        found = []
+        for raw, score in get_redis().zscan_iter(
+            self.key, match=self._pattern(name, queue, search), count=1000
+        ):
+            quick = _quick_match(raw, name=name, queue=queue, search=search)
+            if quick is None:
+                if self._record(raw, score).matches(name=name, queue=queue, search=search):
+                    found.append((float(score), raw, True))
+            elif quick:
+                found.append((float(score), raw, False))
+        # Ties broken by the entry, as Redis orders equal scores.
+        found.sort(key=lambda c: (c[0], c[1]), reverse=self.newest_first)
+        return found
+
     def filter(
         self,
         *,
@@ -358,19 +433,31 @@ class SortedSet:
         """Entries matching every given criterion (``search`` looks in the jid
         and the error). Uses ZSCAN with a server-side pattern, so a large set
         is not read whole into Python."""
-        pattern = "*"
-        if name:
-            # ``*`` after the colon: another client may write a space there.
-            pattern = f'*"job":*"{_glob_literal(name)}"*'
-        elif search:
-            pattern = f"*{_glob_literal(search, fold_case=True)}*"
         found: list[JobRecord] = []
-        for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=1000):
+        for score, raw, _ in self._candidates(name, queue, search):
             record = self._record(raw, score)
             if record.matches(name=name, queue=queue, search=search):
                 found.append(record)
-        found.sort(key=lambda r: r.score or 0.0, reverse=self.newest_first)
-        return found[:limit] if limit is not None else found
+                if limit is not None and len(found) >= limit:
+                    break
+        return found
+
+    def filter_page(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        limit: int = PAGE_SIZE,
+    ) -> tuple[int, list[JobRecord]]:
+        """(how many match, the page at ``offset``): what a paginated list
+        needs, without parsing every match of a large set. Every record
+        returned matches exactly; the count may include an entry whose field
+        sits only inside a nested object (a payload of the wrong shape)."""
+        candidates = self._candidates(name, queue, search)
+        page = [self._record(raw, score) for score, raw, _ in candidates[offset : offset + limit]]
+        return len(candidates), [r for r in page if r.matches(name=name, queue=queue, search=search)]
 
     def find(self, jid: str) -> JobRecord | None:
         pattern = f'*"jid":{_glob_escape(json.dumps(jid))}*'
@@ -463,6 +550,19 @@ class UnsettledSet:
     ) -> list[JobRecord]:
         found = [r for r in self if r.matches(name=name, queue=queue, search=search)]
         return found[:limit] if limit is not None else found
+
+    def filter_page(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        limit: int = PAGE_SIZE,
+    ) -> tuple[int, list[JobRecord]]:
+        """(how many match, the page at ``offset``), as ``SortedSet.filter_page``."""
+        found = self.filter(name=name, queue=queue, search=search)
+        return len(found), found[offset : offset + limit]
 
     def find(self, jid: str) -> JobRecord | None:
         return next((r for r in self if r.jid == jid), None)

@@ -8,6 +8,7 @@ Redis wrote nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,8 +56,24 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str
     return jids
 
 
+#: Queue names this process registered in ``N:queues`` lately (name ->
+#: monotonic time). A ``.delay()`` to such a queue is a bare LPUSH; the name
+#: is registered again after QUEUE_REGISTRATION_TTL_S in case the set was lost.
+_registered: dict[tuple[str, str], float] = {}
+QUEUE_REGISTRATION_TTL_S = 60.0
+
+
 def _push(payloads: list[Payload], at: float | None) -> None:
     k = get_keys()
+    if at is None and len(payloads) == 1:
+        queue = payloads[0]["queue"]
+        seen = _registered.get((k.namespace, queue))
+        if seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S:
+            try:
+                get_redis().lpush(k.queue(queue), encode(payloads[0]))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc
+            return
     pipe = get_redis().pipeline(transaction=False)
     if at is not None:
         pipe.zadd(k.schedule, {encode(p): at for p in payloads})
@@ -71,3 +88,7 @@ def _push(payloads: list[Payload], at: float | None) -> None:
         pipe.execute()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc
+    if at is None:
+        now = time.monotonic()
+        for p in payloads:
+            _registered[(k.namespace, p["queue"])] = now

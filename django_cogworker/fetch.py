@@ -183,10 +183,13 @@ class ReliableFetch(Fetcher):
         try:
             if done is not None or len(queues) > 1:
                 ack_raw, ack_jid = (done[0].raw, done[1]) if done is not None else (b"", "")
+                # Only a job once recovered from a dead process has an orphan
+                # counter to clear (recovery marks its payload).
+                orphaned = b'"orphaned":' in ack_raw
                 found = script("fetch")(
                     self.client,
                     [*(k.queue(q) for q in queues), self.inprogress, k.orphanings(ack_jid)],
-                    [ack_raw],
+                    [ack_raw, "1" if orphaned else "0"],
                 )
                 if found:
                     self.not_idle()

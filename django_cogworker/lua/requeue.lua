@@ -73,11 +73,13 @@ for _ = 1, redis.call("LLEN", KEYS[1]) do
     -- this jid and park it past the limit (G3). A job that kills its own
     -- process (OOM, SIGKILL) would otherwise come back after every crash.
     local counter = nil
+    local marked = false
     local parked = false
     if ARGV[6] ~= "" then
       local ok, decoded = pcall(cjson.decode, job)
       if ok and type(decoded) == "table" and type(decoded["jid"]) == "string" then
         counter = ARGV[8] .. decoded["jid"]
+        marked = decoded["orphaned"] ~= nil
         local current = redis.pcall("GET", counter)
         local count = type(current) == "string" and tonumber(current) or nil
         if count == nil and current then
@@ -97,7 +99,19 @@ for _ = 1, redis.call("LLEN", KEYS[1]) do
         end
       end
     end
-    local written = parked or pcall(requeue_job, job, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+    -- A recovered job carries "orphaned": <count> in its payload, so that
+    -- the ack of a job that was never orphaned (nearly all of them) need
+    -- not touch a counter. Spliced into the text, not re-encoded: cjson
+    -- would rewrite numbers and turn empty lists into objects.
+    local requeued = job
+    if counter and not parked then
+      local count = tonumber(redis.pcall("GET", counter)) or 0
+      local body = string.match(job, "^(%s*{.*)}%s*$")
+      if body and not marked then
+        requeued = body .. ',"orphaned":' .. tostring(count + 1) .. "}"
+      end
+    end
+    local written = parked or pcall(requeue_job, requeued, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
     redis.call("LPOP", KEYS[1])
     if written then
       if counter then
