@@ -2,7 +2,7 @@
 
 ``Queue``, ``ScheduledSet``, ``RetrySet``, ``DeadSet``, ``UnsettledSet``,
 ``JobRecord`` (with ``retry()``, ``delete()``, ``kill()``), ``ProcessSet``,
-``Workers`` and ``Stats``. No view builds a key or runs a Redis command
+``Workers``, ``Stats`` and ``PeriodicEntries``. No view builds a key or runs a Redis command
 itself. Every move is one script that writes before it removes and does
 nothing if someone else moved the entry first.
 """
@@ -287,6 +287,13 @@ def bulk(records: Iterable[JobRecord], action: str) -> int:
                     raise
                 script("move").ensure_loaded(client)
     return done
+
+
+def job_names() -> list[str]:
+    """The registered job names (what a list can be filtered by)."""
+    from django_cogworker import registry
+
+    return registry.names()
 
 
 # -- queues ---------------------------------------------------------------------
@@ -750,3 +757,77 @@ class Stats:
             pipe.get(k.stat_failed_on(day.isoformat()))
         values = pipe.execute()
         return [(day, int(values[2 * i] or 0), int(values[2 * i + 1] or 0)) for i, day in enumerate(dates)]
+
+
+# -- periodic entries ----------------------------------------------------------------
+
+
+@dataclass
+class PeriodicEntry:
+    pjid: str
+    job: str
+    cron: str
+    tz: str
+    queue: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    until_executed: bool
+    next_run: dt.datetime
+    last_run: dt.datetime | None  # last enqueued by any process
+    running: bool  # the running lock is held: a run is queued or running
+
+    @property
+    def name(self) -> str:
+        return self.job
+
+
+class PeriodicEntries:
+    """The periodic entries this process knows (``COGWORKER["PERIODIC"]`` and
+    ``@periodic``), with when each runs next, when it was last enqueued and
+    whether an ``until_executed`` run holds its running lock."""
+
+    def __iter__(self) -> Iterator[PeriodicEntry]:
+        yield from self.all()
+
+    def __len__(self) -> int:
+        return len(self.all())
+
+    @property
+    def size(self) -> int:
+        return len(self.all())
+
+    def all(self) -> list[PeriodicEntry]:
+        from django_cogworker import periodic
+
+        entries = periodic.entries()
+        if not entries:
+            return []
+        client, k = get_redis(), get_keys()
+        pipe = client.pipeline(transaction=False)
+        pipe.hmget(k.periodic_last, [e.pjid for e in entries])
+        for entry in entries:
+            pipe.exists(k.periodic_running(entry.pjid))
+        last, *running = pipe.execute()
+        now = time.time()
+        records = []
+        for entry, last_at, held in zip(entries, last, running, strict=True):
+            last_run = None if last_at is None else dt.datetime.fromtimestamp(float(last_at), tz=dt.UTC)
+            records.append(
+                PeriodicEntry(
+                    pjid=entry.pjid,
+                    job=entry.job,
+                    cron=entry.cron,
+                    tz=entry.tz,
+                    queue=periodic.entry_queue(entry),
+                    args=list(entry.args),
+                    kwargs=dict(entry.kwargs),
+                    until_executed=entry.until_executed,
+                    next_run=dt.datetime.fromtimestamp(entry.schedule.next_run(now), tz=dt.UTC),
+                    last_run=last_run,
+                    running=bool(held),
+                )
+            )
+        return records
+
+    def find(self, pjid: str) -> PeriodicEntry | None:
+        return next((e for e in self.all() if e.pjid == pjid), None)

@@ -390,6 +390,33 @@ def _valid_zone(name: str) -> bool:
     return True
 
 
+def _periodic_schedules(values: dict[str, Any]) -> list[CheckMessage]:
+    """What the periodic ticker would still refuse in an entry that passed
+    E020: a cron croniter accepts but the ticker does not (seven fields, a
+    date that never comes), and arguments JSON cannot carry."""
+    periodic = values["PERIODIC"]
+    if not isinstance(periodic, list | tuple):
+        return []
+    from django_cogworker.periodic import setting_problems
+
+    errors: list[CheckMessage] = []
+    for index, entry in enumerate(periodic):
+        if _periodic_entry_problems(entry):
+            continue  # reported as E020
+        for kind, problem in setting_problems(entry):
+            if kind == "cron":
+                hint = (
+                    "Five fields: minute hour day-of-month month day-of-week "
+                    "(a sixth, seconds, may follow), or @hourly, @daily..."
+                )
+                id_ = "cogworker.E022"
+            else:
+                hint = "Pass plain JSON values (str, int, float, bool, None, list, dict)."
+                id_ = "cogworker.E023"
+            errors.append(_error(f"COGWORKER['PERIODIC'][{index}]: {problem}.", hint, id_))
+    return errors
+
+
 CHECKS: list[Callable[[dict[str, Any]], list[CheckMessage]]] = [
     _numbers,
     _intervals,
@@ -397,4 +424,5 @@ CHECKS: list[Callable[[dict[str, Any]], list[CheckMessage]]] = [
     _queues_and_modes,
     _dotted_paths,
     _periodic,
+    _periodic_schedules,
 ]

@@ -4,6 +4,12 @@
 pipelined). A connection error is raised to the caller as RedisUnavailable
 before anything is written (SPEC section 8); a pipeline that never reached
 Redis wrote nothing.
+
+Every payload first passes the client middleware chain
+(:mod:`django_cogworker.middleware`, unique locks included), which may change
+it or refuse it: a refused payload is not pushed and ``.delay()`` returns
+None. When the push fails, the chain is told, so that a unique lock taken for
+the payload is released.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 import redis
 from django.db import transaction
 
+from django_cogworker import middleware
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import RedisUnavailable
@@ -26,19 +33,26 @@ inline_runner: Callable[[Payload], Any] | None = None
 
 
 def enqueue(payload: Payload, at: float | None = None) -> str | None:
+    chain = middleware.client_chain()
+    ready = chain.run(payload, at=at)
+    if ready is None:
+        return None
     if inline_runner is not None:
-        inline_runner(payload)
-        return str(payload["jid"])
+        inline_runner(ready)
+        return str(ready["jid"])
     if get_config().enqueue_on_commit:
         conn = transaction.get_connection()
         if conn.in_atomic_block:
-            transaction.on_commit(lambda: _push([payload], at))
-            return str(payload["jid"])
-    _push([payload], at)
-    return str(payload["jid"])
+            transaction.on_commit(lambda: _push_or_cancel(chain, [ready], at))
+            return str(ready["jid"])
+    _push_or_cancel(chain, [ready], at)
+    return str(ready["jid"])
 
 
 def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str]:
+    """Pushes the payloads the client chain accepts; returns their jids."""
+    chain = middleware.client_chain()
+    payloads = [ready for ready in (chain.run(p) for p in payloads) if ready is not None]
     jids = [str(p["jid"]) for p in payloads]
     if inline_runner is not None:
         for payload in payloads:
@@ -47,13 +61,22 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str
 
     def push_all() -> None:
         for start in range(0, len(payloads), chunk_size):
-            _push(payloads[start : start + chunk_size], None)
+            _push_or_cancel(chain, payloads[start : start + chunk_size], None)
 
     if get_config().enqueue_on_commit and transaction.get_connection().in_atomic_block:
         transaction.on_commit(push_all)
     else:
         push_all()
     return jids
+
+
+def _push_or_cancel(chain: middleware.ClientChain, payloads: list[Payload], at: float | None) -> None:
+    try:
+        _push(payloads, at)
+    except BaseException:
+        for payload in payloads:
+            chain.cancel(payload)
+        raise
 
 
 #: Queue names this process registered in ``N:queues`` lately (name ->

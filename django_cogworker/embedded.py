@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from django_cogworker.errors import ConfigurationError
 
@@ -45,12 +47,19 @@ def socket_path(directory: str) -> str:
     return os.path.join(directory, SOCKET_NAME)
 
 
+def _probe(path: str, timeout_s: float) -> redis.Redis:
+    """A client that tries once: redis-py's default retries (with backoff)
+    would spend seconds on a socket left by a dead server, and on the
+    connection a SHUTDOWN closes."""
+    return redis.Redis(unix_socket_path=path, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+
+
 def is_running(directory: str) -> bool:
     path = socket_path(directory)
     if not os.path.exists(path):
         return False
     try:
-        with redis.Redis(unix_socket_path=path, socket_timeout=1) as client:
+        with _probe(path, 1) as client:
             return bool(client.ping())
     except redis.RedisError:
         return False
@@ -102,7 +111,7 @@ def stop(directory: str) -> bool:
         return False
     # The server closes the connection as it exits.
     with (
-        redis.Redis(unix_socket_path=socket_path(directory), socket_timeout=5) as client,
+        _probe(socket_path(directory), 5) as client,
         contextlib.suppress(redis.ConnectionError),
     ):
         client.shutdown()

@@ -1,14 +1,18 @@
-"""Running one payload to an outcome, without touching Redis.
+"""Running one payload to an outcome.
 
 Shared by the worker's processors and by ``testing.drain()``: the caller
-applies the :class:`Outcome` (ack, or file in retry/dead). Keeps G13 (bad
-payloads filed in dead with their raw text) and G14 (``close_old_connections``
-around every job; a job's exception never escapes).
+applies the :class:`Outcome` (ack, or file in retry/dead). The job runs
+inside the server middleware chain, whose built-in members take, extend and
+release unique and periodic locks: the only Redis calls made here, and only
+for jobs that hold such a lock. Keeps G13 (bad payloads filed in dead with
+their raw text) and G14 (``close_old_connections`` around every job; a job's
+exception never escapes).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +20,12 @@ from typing import Any
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
-from django_cogworker import registry, retry
+from django_cogworker import middleware, registry, retry
 from django_cogworker.conf import Config
 from django_cogworker.context import JobContext, reset_current, set_current
 from django_cogworker.errors import BadPayload, JobNotRegistered
 from django_cogworker.payload import Payload, decode, encode, salvage
+from django_cogworker.tasks import TASK_JOB_PREFIX, not_registered_message
 
 logger = logging.getLogger("django_cogworker")
 
@@ -54,18 +59,25 @@ def dead_letter(raw: bytes, error: Exception, now: float) -> Outcome:
     return Outcome(DEAD, entry, now, failed=True, jid=entry["jid"])
 
 
-def execute(raw: bytes, config: Config, *, queue: str = "") -> Outcome:
-    """Runs the job a payload names and says what should happen to it."""
+def execute(raw: bytes, config: Config, *, queue: str = "", close_connections: bool = True) -> Outcome:
+    """Runs the job a payload names and says what should happen to it.
+
+    ``close_connections=False`` is for the testing helpers, which run jobs in
+    the test's own thread: closing its connection there would break the
+    test's transaction (Django's test client skips it for the same reason)."""
     try:
         payload = decode(raw)
     except BadPayload as exc:
         return dead_letter(raw, exc, time.time())
     job = registry.get(payload["job"])
     if job is None:
-        error = JobNotRegistered(
-            f"job {payload['job']!r} is not registered: no @job with that name was found in any "
-            "installed app's jobs module"
-        )
+        if payload["job"].startswith(TASK_JOB_PREFIX):
+            error = JobNotRegistered(not_registered_message(payload["job"]))
+        else:
+            error = JobNotRegistered(
+                f"job {payload['job']!r} is not registered: no @job with that name was found in any "
+                "installed app's jobs module"
+            )
         return dead_letter(raw, error, time.time())
 
     jid = str(payload.get("jid") or "")
@@ -76,15 +88,46 @@ def execute(raw: bytes, config: Config, *, queue: str = "") -> Outcome:
         name=job.name,
     )
     token = set_current(ctx)
-    close_old_connections()
     try:
-        job.func(*payload.get("args", []), **payload.get("kwargs", {}))
-    except Exception as exc:
-        return failure(payload, exc, config, job)
+        # Inside the try: if it raises, the context is still reset below.
+        if close_connections:
+            close_old_connections()
+        # The server middleware (unique and periodic locks first) wraps the
+        # call, and learns how the run ended before the outcome is written:
+        # locks are released on success and terminal failure, kept on retry.
+        run = middleware.server_chain().start(payload)
+        try:
+            run.before()
+            job.func(*payload.get("args", []), **payload.get("kwargs", {}))
+        except BaseException as exc:
+            # SystemExit, KeyboardInterrupt and the like, raised by the job
+            # itself, are its failure too (G14): let through, they would
+            # leave it on the in-progress list, requeued as a stray and run
+            # again forever. Only a Ctrl-C in the main thread (the testing
+            # helpers run jobs there) still stops the caller.
+            if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+                raise
+            outcome = failure(payload, exc, config, job)
+            run.after(_result(outcome, exc))
+        else:
+            outcome = Outcome(ACK, jid=jid)
+            run.after(_SUCCESS)
     finally:
-        close_old_connections()
         reset_current(token)
-    return Outcome(ACK, jid=jid)
+        if close_connections:
+            close_old_connections()
+    return outcome
+
+
+_SUCCESS = middleware.Result(middleware.SUCCESS)
+
+
+def _result(outcome: Outcome, exc: BaseException) -> middleware.Result:
+    if outcome.kind == RETRY:
+        return middleware.Result(middleware.RETRY, exc, outcome.score)
+    if outcome.kind == DEAD:
+        return middleware.Result(middleware.DEAD, exc)
+    return middleware.Result(middleware.DROPPED, exc)
 
 
 def failure(payload: Payload, exc: BaseException, config: Config, job: Any) -> Outcome:

@@ -67,7 +67,10 @@ def reliable_supported(client: Client) -> bool:
     if parts < MIN_REDIS_VERSION:
         return False
     try:
-        found = client.execute_command("COMMAND", "INFO", "BLMOVE", "LPOS")
+        # One argument "COMMAND INFO", not two: redis-py parses the reply of
+        # "COMMAND" and fails (TypeError) on the nil entry a renamed or
+        # disabled command gets, so the check would never get an answer.
+        found = client.execute_command("COMMAND INFO", "BLMOVE", "LPOS")
     except (redis.ConnectionError, redis.TimeoutError):
         raise
     except redis.RedisError:
@@ -106,7 +109,7 @@ class Fetcher:
         last = getattr(self._idle, "interval", None)
         interval = min(last * 2, cap) if last else min(EMPTY_POLL_INTERVAL_S, cap)
         self._idle.interval = interval
-        self.manager.stopping.wait(interval * (0.75 + random.random() * 0.25))
+        self.manager.quiet.wait(interval * (0.75 + random.random() * 0.25))
 
     def not_idle(self) -> None:
         self._idle.interval = None
@@ -137,7 +140,7 @@ class BasicFetch(Fetcher):
     def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
         queues = self.active_queues()
         if not queues:
-            self.manager.stopping.wait(BLOCKING_TIMEOUT_S)
+            self.manager.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
         got = self.client.brpop([self.keys.queue(q) for q in queues], timeout=BLOCKING_TIMEOUT_S)
         if got is None:
@@ -177,7 +180,7 @@ class ReliableFetch(Fetcher):
         if not queues:
             if done is not None:
                 self.ack(*done)
-            self.manager.stopping.wait(BLOCKING_TIMEOUT_S)
+            self.manager.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
         k = self.keys
         try:

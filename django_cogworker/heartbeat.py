@@ -49,6 +49,7 @@ class Heartbeat:
         self.manager = launcher.manager
         self.started_at = time.time()
         self.hostname = socket.gethostname()
+        self.unregistered = False  # the registration failed on the last beat (logged once)
 
     def fields(self) -> dict[str, str]:
         m = self.manager
@@ -96,7 +97,7 @@ class Heartbeat:
             args += [name, value]
         args += jobs
         try:
-            signals = script("heartbeat")(
+            registered, signals = script("heartbeat")(
                 m.client,
                 [
                     k.process(m.identity),
@@ -115,6 +116,13 @@ class Heartbeat:
         except Exception:
             m.give_counts_back(processed, failed)
             raise
+        if not registered and not self.unregistered:
+            logger.error(
+                "could not register in %s (a key of the wrong type?): if this process dies, only a "
+                "process starting up (its key scan) will find the jobs it held",
+                k.inprogress_identities,
+            )
+        self.unregistered = not registered
         return [s.decode() for s in signals]
 
     def run(self) -> None:

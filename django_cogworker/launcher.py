@@ -1,8 +1,9 @@
 """The launcher: one worker process from boot to exit.
 
 Duties: beat before the first fetch; start the manager's processors, the
-heartbeat, the poller and the housekeeper (orphan recovery at boot with a key
-scan and every ``ORPHAN_CHECK_INTERVAL``, settlement and strays every beat);
+heartbeat, the poller, the periodic ticker and the housekeeper (orphan
+recovery at boot with a key scan and every ``ORPHAN_CHECK_INTERVAL``,
+settlement and strays every beat);
 turn signals into actions (TERM/INT stop, TSTP quiet, TTIN thread dump; the
 same "quiet" and "stop" sent through Redis from the admin); on stop, let the
 manager finish (G8), then deregister.
@@ -24,10 +25,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django_cogworker import threads
+from django_cogworker import middleware, threads
 from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.heartbeat import Heartbeat
 from django_cogworker.manager import Manager
+from django_cogworker.periodic import Ticker
 from django_cogworker.poller import Poller
 from django_cogworker.recovery import Recovery
 
@@ -69,6 +71,7 @@ class Launcher:
         self.recovery = Recovery(self.manager)
         self.heartbeat = Heartbeat(self)
         self.poller = Poller(self)
+        self.ticker = Ticker(self.manager.client, self.manager.keys, config, self.done)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -79,13 +82,18 @@ class Launcher:
             self.identity,
             ",".join(q.name for q in self.manager.queues),
             self.manager.concurrency,
-            self.config.fetch,
+            self.manager.fetch_mode,  # --fetch may override the setting
         )
+        # Built before the first fetch: a middleware path that cannot be
+        # imported stops the process here instead of failing every job.
+        middleware.client_chain()
+        middleware.server_chain()
         if not self.first_beat():
             return
         self.manager.start()
         threads.start("cogworker-heartbeat", self.heartbeat.run, self.thread_crashed)
         threads.start("cogworker-poller", self.poller.run, self.thread_crashed)
+        threads.start("cogworker-periodic", self.ticker.run, self.thread_crashed)
         threads.start("cogworker-housekeeper", self.housekeep, self.thread_crashed)
         while True:
             try:

@@ -60,6 +60,9 @@ class Manager:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.client = get_redis()
         self.keys = get_keys()
+        # Set by SIGTSTP and first thing on stop. Every sleep of a processor
+        # (idle backoff, outage backoff) waits on it, so none holds up a
+        # shutdown by up to FETCH_IDLE_MAX_INTERVAL (G9).
         self.quiet = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()

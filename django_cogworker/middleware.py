@@ -136,7 +136,9 @@ class ServerRun:
             try:
                 item.after(self.payload, result)
             except Exception:
-                logger.exception("server middleware %s failed after jid=%s", _name(item), self.payload.get("jid"))
+                logger.exception(
+                    "server middleware %s failed after jid=%s", _name(item), self.payload.get("jid")
+                )
 
 
 class ServerChain:
@@ -144,7 +146,9 @@ class ServerChain:
         self.items = tuple(items)
 
     def start(self, payload: Payload) -> ServerRun:
-        return ServerRun(self.items, payload)
+        # A copy shared by before() and after(): what a middleware writes in
+        # it reaches neither the job nor the payload filed in retry or dead.
+        return ServerRun(self.items, dict(payload))
 
 
 def _cancel(passed: list[ClientMiddleware], payload: Payload) -> None:

@@ -90,7 +90,7 @@ class Processor:
     def outage(self, exc: BaseException | None) -> None:
         self.manager.report_outage(exc)
         self.backoff_s = min(max(self.backoff_s * 2, 0.1), OUTAGE_BACKOFF_MAX_S)
-        self.manager.stopping.wait(self.backoff_s)
+        self.manager.quiet.wait(self.backoff_s)
 
     def recovered(self) -> None:
         if self.backoff_s:

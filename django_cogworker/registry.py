@@ -37,3 +37,10 @@ def names() -> list[str]:
 
 def autodiscover() -> None:
     autodiscover_modules("jobs")
+    # Apps' tasks modules register their @task functions as they are
+    # imported; only when TASKS selects the cogworker backend, since a
+    # tasks.py may belong to another library (Celery's).
+    from django_cogworker.tasks import backend_configured
+
+    if backend_configured():
+        autodiscover_modules("tasks")

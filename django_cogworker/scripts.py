@@ -3,8 +3,8 @@
 A script may start with ``--! include name.lua`` lines: the named files from
 ``lua/lib/`` are prepended, so a function shared by several scripts (such as
 ``requeue_job``) is written once. ``EVALSHA`` is tried first; on ``NOSCRIPT``
-(a restarted or failed-over server, ``SCRIPT FLUSH``) the script is loaded
-again and the call repeated once.
+(a restarted or failed-over server, ``SCRIPT FLUSH``) the call is repeated
+once with ``EVAL``, which also puts the script back in the server's cache.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ class Script:
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            # EVAL loads and runs in one step: a SCRIPT LOAD then EVALSHA
+            # would fail again if a flush (or a failover) fell in between.
+            return client.eval(self.source, len(keys), *keys, *args)
 
     def queue(self, pipe: redis.client.Pipeline, keys: Sequence[str], args: Sequence[Arg] = ()) -> None:
         """Adds the call to a pipeline (the caller loads scripts first: see ``ensure_loaded``)."""

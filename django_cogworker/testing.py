@@ -36,7 +36,7 @@ def inline() -> Iterator[InlineResult]:
 
     def run(payload: Payload) -> None:
         raw = json.dumps(payload).encode()
-        result.outcomes.append(execution.execute(raw, get_config()))
+        result.outcomes.append(execution.execute(raw, get_config(), close_connections=False))
 
     client.inline_runner = run
     try:
@@ -61,7 +61,7 @@ def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, m
         got = redis_client.rpop(k.queue(names[0])) if len(names) == 1 else _pop_any(redis_client, k, names)
         if got is None:
             return ran
-        outcome = execution.execute(got, config)
+        outcome = execution.execute(got, config, close_connections=False)
         ran += 1
         _apply(redis_client, k, outcome, config)
     return ran

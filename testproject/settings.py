@@ -6,11 +6,14 @@ Environment variables:
   server started on demand, kept in ``.cogworker/`` next to this file).
 - ``COGWORKER_OVERRIDES``: a JSON object merged over ``COGWORKER`` (the tests
   configure worker subprocesses with it).
+- ``COGWORKER_TASKS_OPTIONS``: a JSON object, the ``OPTIONS`` of the cogworker
+  Tasks backend (when Django's Tasks framework is installed).
 - ``COGWORKER_DB_PATH``: the SQLite database file (default ``db.sqlite3`` here).
 - ``COGWORKER_LOG_LEVEL``: level of the ``django_cogworker`` logger (default INFO).
 - ``DJANGO_DEBUG``: ``0``/``false`` turns debug mode off (default on).
 """
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -90,6 +93,20 @@ COGWORKER = {
     "EMBEDDED_DIR": str(BASE_DIR / ".cogworker"),
 }
 COGWORKER.update(json.loads(os.environ.get("COGWORKER_OVERRIDES", "{}")))
+
+# Django's Tasks framework on cogworker: django.tasks on Django >= 6.0, the
+# django-tasks backport on 5.2; left out when neither is installed.
+_HAS_DJANGO_TASKS = importlib.util.find_spec("django.tasks") is not None
+if _HAS_DJANGO_TASKS or importlib.util.find_spec("django_tasks") is not None:
+    if not _HAS_DJANGO_TASKS:
+        INSTALLED_APPS.append("django_tasks")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_cogworker.tasks.CogworkerBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": json.loads(os.environ.get("COGWORKER_TASKS_OPTIONS", "{}")),
+        }
+    }
 
 LOGGING = {
     "version": 1,

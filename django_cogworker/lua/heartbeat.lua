@@ -10,7 +10,8 @@
 -- daily counters (s), ARGV[7] = number of process fields F,
 -- ARGV[8 .. 7+2F] = field, value pairs, then jid, record pairs of the
 -- running jobs.
--- Returns {signals sent to this process since the last beat...}.
+-- Returns {registered, {signals sent to this process since the last beat...}},
+-- registered = 0 when the registration in KEYS[4] failed (a key of the wrong type).
 if redis.replicate_commands then redis.replicate_commands() end
 local identity = ARGV[1]
 local t = redis.call("TIME")
@@ -40,8 +41,13 @@ redis.call("HSET", KEYS[1], unpack(fields))
 redis.call("EXPIRE", KEYS[1], ARGV[2])
 redis.call("SADD", KEYS[2], identity)
 redis.call("HSET", KEYS[3], identity, string.format("%.6f", now))
-if ARGV[5] == "1" then
-  redis.call("SADD", KEYS[4], identity)
+-- pcall: a registry of the wrong type must not stop the beat itself (G12):
+-- failing here, a process would never get past its first beat, and a
+-- running one would stop recording its jobs and reading its signals. The
+-- caller logs it.
+local registered = 1
+if ARGV[5] == "1" and type(redis.pcall("SADD", KEYS[4], identity)) ~= "number" then
+  registered = 0
 end
 
 redis.call("DEL", KEYS[5])
@@ -58,4 +64,4 @@ local signals = redis.call("LRANGE", KEYS[6], 0, -1)
 if #signals > 0 then
   redis.call("DEL", KEYS[6])
 end
-return signals
+return {registered, signals}

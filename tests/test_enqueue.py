@@ -1,0 +1,405 @@
+"""The enqueue side: ``@job``, ``.delay()`` and friends, on-commit, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from django.db import transaction
+
+from django_cogworker import job, registry
+from django_cogworker.errors import CogworkerError, RedisUnavailable
+from testproject.demo import jobs as demo_jobs
+from testproject.testapp import jobs
+from tests.conftest import free_port
+
+RECORD = "testproject.testapp.jobs.record"
+PAYLOAD_KEYS = {"jid", "job", "args", "kwargs", "queue", "retry", "created_at", "enqueued_at"}
+
+
+def queued(cog: Any, queue: str = "default") -> list[dict[str, Any]]:
+    """The queue's payloads, next to run first."""
+    return [json.loads(r) for r in reversed(cog.redis.lrange(cog.key(f"queue:{queue}"), 0, -1))]
+
+
+def scheduled(cog: Any) -> list[tuple[dict[str, Any], float]]:
+    return [(json.loads(r), s) for r, s in cog.redis.zrange(cog.key("schedule"), 0, -1, withscores=True)]
+
+
+def namespace_keys(cog: Any) -> list[bytes]:
+    return sorted(cog.redis.scan_iter(match=f"{cog.namespace}:*"))
+
+
+# -- .delay() ---------------------------------------------------------------------
+
+
+def test_delay_writes_the_documented_payload(cog):
+    before = time.time()
+    jid = jobs.record.delay({"nested": [1, 2.5, None, "é"]})
+    after = time.time()
+
+    assert isinstance(jid, str) and re.fullmatch(r"[0-9a-f]{24}", jid)
+    [payload] = queued(cog)
+    assert set(payload) == PAYLOAD_KEYS
+    assert payload["jid"] == jid
+    assert payload["job"] == RECORD
+    assert payload["args"] == [{"nested": [1, 2.5, None, "é"]}]
+    assert payload["kwargs"] == {}
+    assert payload["queue"] == "default"
+    assert payload["retry"] is True
+    assert before <= payload["created_at"] == payload["enqueued_at"] <= after
+    assert cog.redis.smembers(cog.key("queues")) == {b"default"}
+
+
+def test_delay_keeps_kwargs_and_the_jobs_options(cog):
+    jid_mail = jobs.record_mail.delay(tag="k")
+    jid_fail = jobs.fail.delay("m")
+    jid_drop = jobs.fail_and_drop.delay()
+
+    [mail] = queued(cog, "mail")
+    assert (mail["jid"], mail["args"], mail["kwargs"], mail["queue"]) == (jid_mail, [], {"tag": "k"}, "mail")
+    by_jid = {p["jid"]: p for p in queued(cog)}
+    assert by_jid[jid_fail]["retry"] == 2
+    assert "dead" not in by_jid[jid_fail]
+    assert by_jid[jid_drop]["retry"] == 0
+    assert by_jid[jid_drop]["dead"] is False
+    assert cog.redis.smembers(cog.key("queues")) == {b"default", b"mail"}
+
+
+def test_successive_delays_run_in_enqueue_order(cog):
+    jids = [jobs.record.delay(i) for i in range(5)]
+    assert [p["jid"] for p in queued(cog)] == jids
+    assert len(set(jids)) == 5
+
+
+# -- scheduling -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delay", [30, 2.5, timedelta(minutes=5)], ids=["int", "float", "timedelta"])
+def test_delay_in_lands_in_the_schedule_with_its_due_time(cog, delay):
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    before = time.time()
+    jid = jobs.record.delay_in(delay, "later")
+    after = time.time()
+
+    [(payload, score)] = scheduled(cog)
+    assert payload["jid"] == jid
+    assert payload["args"] == ["later"]
+    assert set(payload) == PAYLOAD_KEYS
+    assert before + seconds <= score <= after + seconds
+    assert cog.redis.llen(cog.key("queue:default")) == 0
+
+
+def test_delay_at_takes_an_aware_datetime_in_any_zone(cog):
+    when = datetime(2031, 3, 4, 5, 6, 7, 250000, tzinfo=timezone(timedelta(hours=2)))
+    jid = jobs.record.delay_at(when, tag="t")
+    [(payload, score)] = scheduled(cog)
+    assert payload["jid"] == jid
+    assert payload["kwargs"] == {"tag": "t"}
+    assert score == datetime(2031, 3, 4, 3, 6, 7, 250000, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize("when", [1_900_000_000, 1_900_000_000.5])
+def test_delay_at_takes_epoch_seconds(cog, when):
+    jid = jobs.record.delay_at(when)
+    [(payload, score)] = scheduled(cog)
+    assert payload["jid"] == jid
+    assert score == when
+
+
+def test_delay_at_refuses_a_naive_datetime_and_writes_nothing(cog):
+    with pytest.raises(ValueError) as info:
+        jobs.record.delay_at(datetime(2031, 1, 1, 12, 0), "x")
+    assert str(info.value) == f"job {RECORD!r}: delay_at() needs an aware datetime, got a naive one"
+    assert namespace_keys(cog) == []
+
+
+# -- .set() -----------------------------------------------------------------------
+
+
+def test_set_returns_a_copy_and_leaves_the_registered_job_alone(cog):
+    copy = jobs.record.set(queue="critical", retry=0)
+    assert copy is not jobs.record
+    assert (copy.queue, copy.retry, copy.name, copy.func) == ("critical", 0, RECORD, jobs.record.func)
+    assert (jobs.record.queue, jobs.record.retry) == ("default", True)
+    assert registry.get(RECORD) is jobs.record
+
+    jid = copy.delay("x")
+    [payload] = queued(cog, "critical")
+    assert (payload["jid"], payload["queue"], payload["retry"]) == (jid, "critical", 0)
+    jobs.record.delay("y")
+    [plain] = queued(cog)
+    assert (plain["queue"], plain["retry"]) == ("default", True)
+
+
+def test_set_dead_false_marks_the_payload(cog):
+    jobs.record.set(dead=False).delay()
+    [payload] = queued(cog)
+    assert payload["dead"] is False
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [({"colour": "red"}, "colour"), ({"name": "other"}, "name"), ({"func": print}, "func")],
+)
+def test_set_refuses_unknown_options(cog, options, named):
+    with pytest.raises(TypeError) as info:
+        jobs.record.set(**options)
+    assert str(info.value) == f"job {RECORD!r}: unknown option(s) for set(): {named}"
+
+
+def test_set_validates_the_values_it_is_given(cog):
+    with pytest.raises(TypeError, match="retry must be True, False or a whole number >= 0"):
+        jobs.record.set(retry=-1)
+    with pytest.raises(TypeError, match="queue must be a non-empty string"):
+        jobs.record.set(queue="")
+
+
+# -- .delay_many() ----------------------------------------------------------------
+
+
+def count_pipeline_executions(monkeypatch) -> list[int]:
+    """Counts pipeline round trips (each still goes to the real server)."""
+    sizes: list[int] = []
+    real = redis.client.Pipeline.execute
+
+    def execute(self, *args, **kwargs):
+        sizes.append(len(self.command_stack))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+    return sizes
+
+
+def test_delay_many_pipelines_in_chunks_and_returns_every_jid(cog, monkeypatch):
+    rounds = count_pipeline_executions(monkeypatch)
+    calls = [((i,), {}) for i in range(2499)] + [((), {"tag": "last"})]
+    jids = jobs.record.delay_many(calls)
+
+    assert len(rounds) == 3  # 2500 calls, chunks of 1000: three round trips
+    assert len(jids) == 2500 and len(set(jids)) == 2500
+    payloads = queued(cog)
+    assert [p["jid"] for p in payloads] == jids
+    assert [p["args"] for p in payloads[:3]] == [[0], [1], [2]]
+    assert (payloads[-1]["args"], payloads[-1]["kwargs"]) == ([], {"tag": "last"})
+    assert all(set(p) == PAYLOAD_KEYS for p in payloads)
+
+
+def test_delay_many_with_a_small_chunk_size(cog, monkeypatch):
+    rounds = count_pipeline_executions(monkeypatch)
+    jids = jobs.record.set(queue="bulk").delay_many([((i,), {}) for i in range(25)], chunk_size=10)
+    assert len(rounds) == 3
+    assert [p["jid"] for p in queued(cog, "bulk")] == jids
+    assert cog.redis.smembers(cog.key("queues")) == {b"bulk"}
+
+
+def test_delay_many_checks_every_call_before_pushing_any(cog, monkeypatch):
+    rounds = count_pipeline_executions(monkeypatch)
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((i,), {}) for i in range(4)]
+    calls += [((object(),), {})] + [((i,), {}) for i in range(5, 1500)]
+    with pytest.raises(TypeError, match=r"^positional argument 0 of job .*record' is not JSON-serialisable"):
+        jobs.record.delay_many(calls)
+    assert rounds == []
+    assert namespace_keys(cog) == []
+
+
+# -- bad arguments ----------------------------------------------------------------
+
+
+def test_non_json_keyword_argument_is_named_and_nothing_is_pushed(cog):
+    with pytest.raises(TypeError) as info:
+        jobs.record.delay(tag={1, 2})
+    assert str(info.value) == (
+        f"argument 'tag' of job {RECORD!r} is not JSON-serialisable "
+        "(set: Object of type set is not JSON serializable); "
+        "pass plain JSON values (str, int, float, bool, None, list, dict), such as a model's pk"
+    )
+    assert namespace_keys(cog) == []
+
+
+@pytest.mark.parametrize(
+    "value", [object(), b"bytes", math.nan, math.inf, {"when": datetime.now(UTC)}, [1, {2, 3}]]
+)
+def test_non_json_positional_argument_is_refused_everywhere(cog, value):
+    pattern = rf"^positional argument 1 of job {re.escape(repr(RECORD))} is not JSON-serialisable"
+    with pytest.raises(TypeError, match=pattern):
+        jobs.record.delay("ok", value)
+    with pytest.raises(TypeError, match=pattern):
+        jobs.record.delay_in(5, "ok", value)
+    with pytest.raises(TypeError, match=pattern):
+        jobs.record.delay_at(2_000_000_000, "ok", value)
+    assert namespace_keys(cog) == []
+
+
+def test_plain_call_runs_inline_and_enqueues_nothing(cog):
+    assert jobs.record("inline") is None
+    [note] = cog.notes()
+    assert note["tag"] == "inline"
+    assert note["jid"] is None  # no job context: it did not go through a worker
+    assert cog.redis.exists(cog.key("queue:default"), cog.key("queues")) == 0
+
+
+# -- @job and the registry --------------------------------------------------------
+
+
+@job
+def doubled(x: int) -> int:
+    """Doubles x."""
+    return 2 * x
+
+
+@job(queue="mail", retry=3, dead=False, retry_in=lambda count, exc: 7, name="custom.configured")
+def configured(x: int) -> int:
+    return x + 1
+
+
+def test_bare_job_has_every_default_and_is_registered_under_module_qualname():
+    assert doubled.name == "tests.test_enqueue.doubled"
+    assert (doubled.queue, doubled.retry, doubled.dead) == ("default", True, True)
+    assert (doubled.retry_in, doubled.on_exhausted, doubled.unique_for, doubled.unique_until) == (
+        None,
+        None,
+        None,
+        "success",
+    )
+    assert doubled.__doc__ == "Doubles x."
+    assert doubled(21) == 42
+    assert registry.get("tests.test_enqueue.doubled") is doubled
+
+
+def test_job_with_options_and_an_explicit_name():
+    assert configured.name == "custom.configured"
+    assert (configured.queue, configured.retry, configured.dead) == ("mail", 3, False)
+    assert configured.retry_in is not None and configured.retry_in(1, ValueError()) == 7
+    assert registry.get("custom.configured") is configured
+    assert registry.get("tests.test_enqueue.configured") is None
+    assert configured(1) == 2
+
+
+def test_nested_function_name_uses_its_qualname():
+    @job
+    def inner() -> None:
+        pass
+
+    expected = "tests.test_enqueue.test_nested_function_name_uses_its_qualname.<locals>.inner"
+    assert inner.name == expected
+    assert registry.get(expected) is inner
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queue": ""}, "queue must be a non-empty string"),
+        ({"queue": 3}, "queue must be a non-empty string"),
+        ({"retry": -1}, "retry must be True, False or a whole number >= 0"),
+        ({"retry": "3"}, "retry must be True, False or a whole number >= 0"),
+        ({"unique_until": "never"}, "unique_until must be one of ('success', 'start')"),
+        ({"unique_for": 0}, "unique_for must be a positive number of seconds or None"),
+    ],
+)
+def test_job_options_are_validated_at_decoration(options, message):
+    def f() -> None:
+        pass
+
+    with pytest.raises(TypeError) as info:
+        job(name="tests.invalid", **options)(f)
+    assert str(info.value) == f"job 'tests.invalid': {message}"
+    assert registry.get("tests.invalid") is None
+
+
+def test_unknown_job_option_is_a_type_error():
+    with pytest.raises(TypeError):
+        job(colour="red")(lambda: None)
+
+
+def test_autodiscovery_registered_the_installed_apps_jobs_modules():
+    names = registry.names()
+    for name in (
+        RECORD,
+        "testproject.testapp.jobs.record_mail",
+        "testproject.testapp.jobs.fail",
+        "testproject.demo.jobs.add",
+        "testproject.demo.jobs.slow",
+    ):
+        assert name in names
+    assert registry.get(RECORD) is jobs.record
+    assert registry.get("testproject.demo.jobs.add") is demo_jobs.add
+    assert registry.get("testproject.testapp.jobs.nope") is None
+
+
+# -- on commit --------------------------------------------------------------------
+
+
+def test_inside_a_transaction_the_push_waits_for_commit(cog, transactional_db):
+    with transaction.atomic():
+        jid = jobs.record.delay("tx")
+        later = jobs.record.delay_in(60, "tx-later")
+        many = jobs.record.delay_many([((1,), {}), ((2,), {})])
+        assert isinstance(jid, str) and re.fullmatch(r"[0-9a-f]{24}", jid)
+        assert isinstance(later, str) and len(many) == 2
+        assert namespace_keys(cog) == []
+    assert [p["jid"] for p in queued(cog)] == [jid, *many]
+    assert [p["jid"] for p, _ in scheduled(cog)] == [later]
+
+
+def test_nothing_is_pushed_when_the_transaction_rolls_back(cog, transactional_db):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        jobs.record.delay("tx")
+        jobs.record.delay_in(60, "tx-later")
+        jobs.record.delay_many([((1,), {})])
+        raise RuntimeError("roll back")
+    assert namespace_keys(cog) == []
+
+
+def test_a_savepoint_rollback_drops_only_its_own_jobs(cog, transactional_db):
+    with transaction.atomic():
+        kept = jobs.record.delay("kept")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            jobs.record.delay("dropped")
+            raise RuntimeError("roll back the savepoint")
+    assert [p["jid"] for p in queued(cog)] == [kept]
+
+
+def test_on_commit_with_captured_callbacks(cog, db, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        jid = jobs.record.delay("captured")
+        assert namespace_keys(cog) == []
+    assert len(callbacks) == 1
+    assert [p["jid"] for p in queued(cog)] == [jid]
+
+
+def test_enqueue_on_commit_false_pushes_at_once(cog, transactional_db):
+    cog.configure(ENQUEUE_ON_COMMIT=False)
+    with transaction.atomic():
+        jid = jobs.record.delay("now")
+        assert [p["jid"] for p in queued(cog)] == [jid]
+        many = jobs.record.delay_many([((1,), {})])
+        assert [p["jid"] for p in queued(cog)] == [jid, *many]
+
+
+# -- Redis down -------------------------------------------------------------------
+
+
+def test_redis_down_at_delay_raises_redis_unavailable_and_writes_nothing(cog):
+    dead_url = f"redis://127.0.0.1:{free_port()}/0"
+    cog.settings.COGWORKER = {**cog.settings.COGWORKER, "REDIS_URL": dead_url}
+    started = time.monotonic()
+    for enqueue in (
+        lambda: jobs.record.delay("x"),
+        lambda: jobs.record.delay_in(5, "x"),
+        lambda: jobs.record.delay_at(2_000_000_000, "x"),
+        lambda: jobs.record.delay_many([((1,), {}), ((2,), {})]),
+    ):
+        with pytest.raises(RedisUnavailable) as info:
+            enqueue()
+        assert isinstance(info.value, CogworkerError)
+        assert str(info.value).startswith("could not enqueue: Redis is unreachable (")
+        assert isinstance(info.value.__cause__, redis.ConnectionError)
+    assert time.monotonic() - started < 20  # fails fast enough for a web request to report it
+    assert namespace_keys(cog) == []
