@@ -173,7 +173,7 @@ class CogEnv:
         self.apply()
 
     def apply(self) -> None:
-        self.settings.COGWORKER = {**self.overrides, "REDIS_URL": self.url}
+        self.settings.COGWORKER = {"REDIS_URL": self.url, **self.overrides}
 
     def configure(self, **overrides: Any) -> None:
         """Changes settings for this process and for workers started after."""
