@@ -1,0 +1,358 @@
+"""``CogworkerBackend``: Django's Tasks API on cogworker, and ``CogworkerTask``.
+
+Duties: validate a task and register it with the worker registry (Django
+validates every ``Task`` as it is made, so importing a module of ``@task``
+functions registers them); enqueue a task as a cogworker payload plus its
+result record in one MULTI (``run_after`` to the schedule set, priority to a
+queue of ``PRIORITY_QUEUES``), after commit when ``ENQUEUE_ON_COMMIT`` asks;
+read results back (``redis.asyncio`` for the async twins); report bad
+settings as system checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Iterable
+from datetime import datetime
+from typing import Any
+
+import redis
+import redis.asyncio
+from asgiref.sync import sync_to_async
+from django.apps import apps
+from django.core.checks import CheckMessage, Error, Warning
+from django.db import transaction
+
+from django_cogworker import client, middleware, registry
+from django_cogworker.conf import get_config
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.errors import CogworkerError, ConfigurationError, RedisUnavailable
+from django_cogworker.payload import Payload, encode
+from django_cogworker.tasks import runner
+from django_cogworker.tasks.compat import (
+    DEFAULT_TASK_PRIORITY,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    task_enqueued,
+)
+from django_cogworker.tasks.options import (
+    Problem,
+    RetryIn,
+    check_retry_in,
+    is_retry,
+    is_retry_in,
+    parse,
+    task_retry,
+    task_retry_in,
+)
+from django_cogworker.tasks.records import Record, dumps, epoch_s, loads, new_record, pending_ttl_s, to_result
+
+
+class TaskNotRegistered(CogworkerError):
+    """A result names a task that no module imported in this process defines."""
+
+
+class TaskRefused(CogworkerError):
+    """A client middleware refused the task's payload: nothing was enqueued."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CogworkerTask(Task):
+    """A ``Task`` with cogworker's retry options, so that ``.using(retry=0)``
+    sets them per call. On Django >= 6.1 and the backport ``@task(retry=5,
+    retry_in=...)`` sets them too (the decorator hands its extra keyword
+    arguments to the backend's ``task_class``); ``@retry_options`` under
+    ``@task`` works on every version."""
+
+    #: Retries after the first run: True (``COGWORKER['DEFAULT_RETRY']``), False
+    #: or 0 (none), N; None takes the backend's ``OPTIONS['RETRY']``.
+    retry: bool | int | None = None
+    #: ``(count, exc) -> seconds`` (or None for the default backoff), or its
+    #: dotted path; None takes the backend's ``OPTIONS['RETRY_IN']``.
+    retry_in: RetryIn | str | None = None
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        retry: bool | int | None = None,
+    ) -> CogworkerTask:
+        """A copy with per-call options, ``retry`` included."""
+        changes: dict[str, Any] = {}
+        for name, value in (
+            ("priority", priority),
+            ("queue_name", queue_name),
+            ("run_after", run_after),
+            ("backend", backend),
+            ("retry", retry),
+        ):
+            if value is not None:
+                changes[name] = value
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    payload: Payload
+    record: Record
+    at: float | None  # schedule score, or None to push now
+    result: TaskResult
+    pending_ttl_s: float
+    chain: middleware.ClientChain
+
+
+class CogworkerBackend(BaseTaskBackend):
+    task_class = CogworkerTask
+
+    supports_defer = True
+    """``run_after``: the payload waits in the schedule set (``N:schedule``)
+    until the poller moves it to its queue."""
+
+    supports_async_task = True
+    """``async def`` tasks are awaited on an event loop of their own while the
+    worker thread waits (``Task.call``: asgiref's ``async_to_sync``, as in
+    Django's ImmediateBackend)."""
+
+    supports_get_result = True
+    """Results live in Redis, readable from any process, kept ``RESULT_TTL``
+    seconds after the task finishes."""
+
+    supports_priority = False
+    """True on a backend whose ``OPTIONS['PRIORITY_QUEUES']`` maps priorities
+    to cogworker queues, fetched in order by the workers; without that map a
+    priority other than 0 is refused rather than silently ignored."""
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.task_options, self.problems = parse(alias, params)
+        self.supports_priority = bool(self.task_options.priority_queues)
+
+    # -- validation and registration -------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        bands = self.task_options.priority_queues
+        if task.priority != DEFAULT_TASK_PRIORITY and task.queue_name not in bands:
+            raise InvalidTask(
+                f"Task {task.module_path}: priority {task.priority} on queue {task.queue_name!r} needs "
+                f"TASKS[{self.alias!r}]['OPTIONS']['PRIORITY_QUEUES'][{task.queue_name!r}] = "
+                "{minimum priority: cogworker queue} (see docs/django-tasks.md)."
+            )
+        super().validate_task(task)
+        retry = task_retry(task)
+        if retry is not None and not is_retry(retry):
+            raise InvalidTask(f"Task {task.module_path}: retry must be True, False or a whole number >= 0.")
+        if not is_retry_in(task_retry_in(task)):
+            raise InvalidTask(f"Task {task.module_path}: retry_in must be a callable or its dotted path.")
+        runner.register(task)
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        prepared = self._prepare(task, args, kwargs)
+        if client.inline_runner is not None:
+            # testing.inline(): run now in this thread; the record still lives
+            # in Redis, where the task's run writes its outcome.
+            get_redis().set(self._key(prepared), dumps(prepared.record), px=_ms(prepared.pending_ttl_s))
+            task_enqueued.send_robust(sender=type(self), task_result=prepared.result)
+            client.inline_runner(prepared.payload)
+            return self.get_result(prepared.result.id)
+        if self.task_options.enqueue_on_commit and transaction.get_connection().in_atomic_block:
+            transaction.on_commit(lambda: self._push(prepared))
+        else:
+            self._push(prepared)
+        return prepared.result
+
+    async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        options = self.task_options
+        if options.enqueue_on_commit or client.inline_runner is not None or get_config().cache_alias:
+            # Transactions and django-redis are synchronous.
+            return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+        prepared = self._prepare(task, args, kwargs)
+        try:
+            async with async_redis() as conn, conn.pipeline(transaction=True) as pipe:
+                self._queue_writes(pipe, prepared)
+                await pipe.execute()
+        except BaseException as exc:
+            prepared.chain.cancel(prepared.payload)
+            if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                raise RedisUnavailable(f"could not enqueue task: Redis is unreachable ({exc})") from exc
+            raise
+        await task_enqueued.asend_robust(sender=type(self), task_result=prepared.result)
+        return prepared.result
+
+    def _prepare(self, task: Task, args: Any, kwargs: Any) -> Prepared:
+        if self.problems:
+            problem = self.problems[0]
+            raise ConfigurationError(f"{problem.message} {problem.hint} (manage.py check lists them all)")
+        self.validate_task(task)
+        job = registry.get(runner.job_name(task.module_path))
+        if job is None:  # validate_task() registers it; only a cleared registry gets here
+            raise CogworkerError(f"task {task.module_path} is not registered in this process")
+        options = self.task_options
+        retry = task_retry(task)
+        queue = options.cogworker_queue(task.queue_name, task.priority)
+        now = time.time()
+        run_after_s = epoch_s(task.run_after) if task.run_after is not None else None
+        at = run_after_s if run_after_s is not None and run_after_s > now else None
+        # Raises TypeError naming an argument JSON cannot carry; nothing pushed.
+        payload = job.set(queue=queue, retry=options.retry if retry is None else retry).payload(
+            list(args), dict(kwargs), now
+        )
+        # The client middleware sees task payloads as it sees .delay()'s.
+        chain = middleware.client_chain()
+        ready = chain.run(payload, at=at)
+        if ready is None:
+            raise TaskRefused(f"a client middleware refused task {task.module_path}; nothing was enqueued")
+        record = new_record(
+            result_id=str(ready["jid"]),
+            module_path=task.module_path,
+            alias=self.alias,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            run_after_s=run_after_s,
+            args=ready["args"],
+            kwargs=ready["kwargs"],
+            queue=str(ready["queue"]),
+            now=now,
+        )
+        return Prepared(
+            payload=ready,
+            record=record,
+            at=at,
+            result=to_result(record, task),
+            pending_ttl_s=pending_ttl_s(record, options.result_ttl_s, now),
+            chain=chain,
+        )
+
+    def _key(self, prepared: Prepared) -> str:
+        return get_keys().result(prepared.result.id)
+
+    def _queue_writes(self, pipe: Any, prepared: Prepared) -> None:
+        """The record and the payload, in one MULTI: a result without its job
+        (or a job without its result) is never seen."""
+        k = get_keys()
+        pipe.set(k.result(prepared.result.id), dumps(prepared.record), px=_ms(prepared.pending_ttl_s))
+        raw = encode(prepared.payload)
+        if prepared.at is not None:
+            pipe.zadd(k.schedule, {raw: prepared.at})
+        else:
+            queue = prepared.payload["queue"]
+            pipe.sadd(k.queues, queue)
+            pipe.lpush(k.queue(queue), raw)
+
+    def _push(self, prepared: Prepared) -> None:
+        try:
+            with get_redis().pipeline(transaction=True) as pipe:
+                self._queue_writes(pipe, prepared)
+                pipe.execute()
+        except BaseException as exc:
+            prepared.chain.cancel(prepared.payload)
+            if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                raise RedisUnavailable(f"could not enqueue task: Redis is unreachable ({exc})") from exc
+            raise
+        # send_robust: the task is in Redis now; a failing receiver must not
+        # make the caller believe it is not (and enqueue it twice).
+        task_enqueued.send_robust(sender=type(self), task_result=prepared.result)
+
+    # -- results -------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        if not isinstance(result_id, str) or not result_id:
+            raise TaskResultDoesNotExist(result_id)
+        return self._result(result_id, get_redis().get(get_keys().result(result_id)))
+
+    async def aget_result(self, result_id: str) -> TaskResult:
+        if not isinstance(result_id, str) or not result_id:
+            raise TaskResultDoesNotExist(result_id)
+        if get_config().cache_alias:
+            return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+        async with async_redis() as conn:
+            raw = await conn.get(get_keys().result(result_id))
+        return self._result(result_id, raw)
+
+    def _result(self, result_id: str, raw: bytes | str | None) -> TaskResult:
+        if raw is None:
+            raise TaskResultDoesNotExist(result_id)
+        try:
+            record = loads(raw)
+        except ValueError as exc:
+            raise TaskResultDoesNotExist(f"{result_id}: the record in Redis is unreadable ({exc})") from None
+        task = runner.lookup(record["task"])
+        if task is None:
+            raise TaskNotRegistered(
+                f"result {result_id} belongs to task {record['task']!r}, which no module imported in this "
+                "process defines; define it with @task in an installed app's tasks module"
+            )
+        return to_result(record, task)
+
+    # -- checks ----------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        where = f"TASKS[{self.alias!r}]"
+        problems: list[Problem] = [*self.problems]
+        problems += check_retry_in(f"{where}['OPTIONS']['RETRY_IN']", self.task_options.retry_in)
+        messages: list[CheckMessage] = [Error(p.message, hint=p.hint, obj=where, id=p.id) for p in problems]
+        if not apps.is_installed("django_cogworker"):
+            messages.append(
+                Error(
+                    f"{where} uses CogworkerBackend but 'django_cogworker' is not in INSTALLED_APPS.",
+                    hint="Add 'django_cogworker' to INSTALLED_APPS: it registers tasks and runs workers.",
+                    obj=where,
+                    id="cogworker.tasks.E008",
+                )
+            )
+        messages += self._queue_warnings(where)
+        return messages
+
+    def _queue_warnings(self, where: str) -> Iterable[CheckMessage]:
+        if not self.queues:
+            return []
+        try:
+            fetched = {q.name for q in get_config().queues}
+        except Exception:
+            return []  # COGWORKER's own checks report a broken QUEUES
+        missing = sorted(self.task_options.all_queues(self.queues) - fetched)
+        if not missing:
+            return []
+        return [
+            Warning(
+                f"{where}: tasks may be pushed to cogworker queue(s) {', '.join(missing)}, which "
+                "COGWORKER['QUEUES'] does not list.",
+                hint="A worker started without -q fetches only COGWORKER['QUEUES']: list them there "
+                "(highest priority first) or start workers with -q for each.",
+                obj=where,
+                id="cogworker.tasks.W001",
+            )
+        ]
+
+
+@contextlib.asynccontextmanager
+async def async_redis() -> AsyncIterator[redis.asyncio.Redis]:
+    """A ``redis.asyncio`` client for this call, closed after it (a client
+    belongs to one event loop; callers' loops come and go)."""
+    config = get_config()
+    options: dict[str, Any] = {**config.redis_options, "decode_responses": False}
+    if config.redis_url == "embedded":
+        from django_cogworker import embedded
+
+        path = await asyncio.to_thread(embedded.ensure_running, config.embedded_dir)
+        conn = redis.asyncio.Redis(unix_socket_path=path, **options)
+    else:
+        conn = redis.asyncio.Redis.from_url(config.redis_url, **options)
+    try:
+        yield conn
+    finally:
+        await conn.aclose()
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))

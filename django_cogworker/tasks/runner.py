@@ -1,0 +1,268 @@
+"""Tasks as cogworker jobs: registration, and what a worker runs.
+
+Duties: register every task the backend validates as a ``Job`` named
+``tasks:<module path>`` (so the worker knows exactly the tasks its modules
+defined, and nothing is imported from a payload); run one attempt of a task
+inside the worker, recording it in the result record (``RUNNING``, then
+``SUCCESSFUL`` with the return value, or ``READY`` with the error before
+re-raising so that cogworker retries it); mark it ``FAILED`` when its
+retries are exhausted; send ``task_started`` and ``task_finished``.
+
+The job itself is an ordinary cogworker job: ``execution.execute`` runs it,
+the retry and dead machinery files it. A record write that fails after the
+task ran is logged, never raised: raising would retry, and so re-run, a task
+that has already done its work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from django_cogworker import registry
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.context import current_job
+from django_cogworker.job import Job
+from django_cogworker.payload import Payload
+from django_cogworker.tasks import TASK_JOB_PREFIX
+from django_cogworker.tasks.compat import (
+    Task,
+    TaskContext,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+)
+from django_cogworker.tasks.options import TaskOptions, resolve_retry_in, task_retry, task_retry_in
+from django_cogworker.tasks.records import (
+    Record,
+    check_json,
+    dumps,
+    error_entry,
+    loads,
+    new_record,
+    pending_ttl_s,
+    to_result,
+)
+
+if TYPE_CHECKING:
+    from django.dispatch import Signal
+
+    from django_cogworker.tasks.backend import CogworkerBackend
+
+logger = logging.getLogger("django_cogworker")
+
+_tasks: dict[str, Task] = {}
+_lock = threading.Lock()
+
+
+def job_name(module_path: str) -> str:
+    return TASK_JOB_PREFIX + module_path
+
+
+def register(task: Task) -> None:
+    """Makes ``task`` runnable by this process's workers (idempotent: the
+    copies ``.using()`` makes share their function and are skipped)."""
+    name = job_name(task.module_path)
+    existing = _tasks.get(name)
+    if existing is not None and existing.func is task.func and registry.get(name) is not None:
+        return
+    with _lock:
+        _tasks[name] = task
+        retry = task_retry(task)
+        registry.register(
+            Job(
+                func=_runner(name),
+                name=name,
+                queue=task.queue_name or "default",
+                retry=True if retry is None else retry,
+                retry_in=_retry_in(name),
+                on_exhausted=exhausted,
+            )
+        )
+
+
+def lookup(module_path: str) -> Task | None:
+    return _tasks.get(job_name(module_path))
+
+
+def backend_of(alias: str | None, task: Task | None) -> CogworkerBackend | None:
+    """The cogworker backend a result belongs to, in this process's TASKS."""
+    from django_cogworker.tasks.backend import CogworkerBackend
+
+    for name in (alias, task.backend if task is not None else None):
+        if not name:
+            continue
+        try:
+            found = task_backends[name]
+        except Exception:
+            continue
+        if isinstance(found, CogworkerBackend):
+            return found
+    return None
+
+
+def _options(backend: CogworkerBackend | None) -> TaskOptions:
+    return backend.task_options if backend is not None else TaskOptions()
+
+
+def _sender(backend: CogworkerBackend | None) -> type:
+    if backend is not None:
+        return type(backend)
+    from django_cogworker.tasks.backend import CogworkerBackend
+
+    return CogworkerBackend
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _runner(name: str) -> Callable[..., Any]:
+    def run_task(*args: Any, **kwargs: Any) -> None:
+        run(name, list(args), kwargs)
+
+    run_task.__qualname__ = run_task.__name__ = name
+    return run_task
+
+
+def _retry_in(name: str) -> Callable[[int, BaseException], float | int | None]:
+    def retry_in(count: int, exc: BaseException) -> float | int | None:
+        task = _tasks.get(name)
+        value = task_retry_in(task) if task is not None else None
+        if value is None:
+            value = _options(backend_of(None, task)).retry_in
+        func = resolve_retry_in(value)
+        return func(count, exc) if func is not None else None
+
+    return retry_in
+
+
+def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """One attempt of a task, inside a cogworker job."""
+    ctx = current_job()
+    if ctx is None:
+        raise RuntimeError(f"{name} runs only inside a cogworker job; call the task function to run it here")
+    task = _tasks[name]
+    client, key = get_redis(), get_keys().result(ctx.jid)
+    now = time.time()
+    record = _record_for_run(client, key, ctx.jid, ctx.queue, task, args, kwargs, now)
+    backend = backend_of(record.get("backend"), task)
+    options = _options(backend)
+    record.update(
+        status=TaskResultStatus.RUNNING.value,
+        started_at=record.get("started_at") or now,
+        last_attempted_at=now,
+    )
+    record["worker_ids"] = [*record.get("worker_ids", []), worker_id()]
+    # Raised if it fails: the task has not run yet, so a retry is safe.
+    client.set(key, dumps(record), px=_ms(pending_ttl_s(record, options.result_ttl_s, now)))
+    result = to_result(record, task)
+    _send(task_started, backend, result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+    except Exception as exc:
+        record["errors"] = [*record.get("errors", []), error_entry(exc)]
+        record["status"] = TaskResultStatus.READY.value
+        _save_quietly(client, key, record, pending_ttl_s(record, options.result_ttl_s, time.time()))
+        raise
+    record["finished_at"] = time.time()
+    try:
+        value = normalize_json(value)
+        check_json(value)
+    except (TypeError, ValueError) as exc:
+        # The task did its work; running it again would not change what it
+        # returns. Failed, without a retry.
+        logger.error("jid=%s %s returned a value JSON cannot carry: %s; marked FAILED", ctx.jid, name, exc)
+        record["errors"] = [*record.get("errors", []), error_entry(exc)]
+        record["status"] = TaskResultStatus.FAILED.value
+    else:
+        record["status"] = TaskResultStatus.SUCCESSFUL.value
+        record["return_value"] = value
+    _save_quietly(client, key, record, options.result_ttl_s)
+    _send(task_finished, backend, to_result(record, task))
+
+
+def exhausted(payload: Payload, exc: BaseException) -> None:
+    """``on_exhausted`` of every task job: the result becomes ``FAILED``."""
+    jid = str(payload.get("jid") or "")
+    task = _tasks.get(str(payload.get("job")))
+    client, k = get_redis(), get_keys()
+    raw = client.get(k.result(jid))
+    try:
+        record = loads(raw) if raw is not None else None
+    except ValueError:
+        record = None
+    if record is None:
+        logger.warning("jid=%s %s exhausted its retries; its result record is gone", jid, payload.get("job"))
+        return
+    backend = backend_of(record.get("backend"), task)
+    record["status"] = TaskResultStatus.FAILED.value
+    record["finished_at"] = time.time()
+    _save_quietly(client, k.result(jid), record, _options(backend).result_ttl_s)
+    if task is not None:
+        _send(task_finished, backend, to_result(record, task))
+
+
+def _record_for_run(
+    client: redis.Redis,
+    key: str,
+    jid: str,
+    queue: str,
+    task: Task,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    now: float,
+) -> Record:
+    raw = client.get(key)
+    if raw is not None:
+        try:
+            return loads(raw)
+        except ValueError as exc:
+            logger.warning("jid=%s: result record unreadable (%s); rebuilt", jid, exc)
+    else:
+        # Expired while the task waited (a retry days later), or the job was
+        # pushed by something other than enqueue(): start a new record.
+        logger.warning("jid=%s: no result record for %s; rebuilt", jid, task.module_path)
+    record = new_record(
+        result_id=jid,
+        module_path=task.module_path,
+        alias=task.backend,
+        queue_name=task.queue_name,
+        priority=task.priority,
+        run_after_s=None,
+        args=args,
+        kwargs=kwargs,
+        queue=queue,
+        now=now,
+    )
+    record["enqueued_at"] = None
+    return record
+
+
+def _save_quietly(client: redis.Redis, key: str, record: Record, ttl_s: float) -> None:
+    try:
+        client.set(key, dumps(record), px=_ms(ttl_s))
+    except redis.RedisError as exc:
+        logger.error("could not store the result of %s (%s): %s", record.get("task"), record.get("id"), exc)
+
+
+def _send(signal: Signal, backend: CogworkerBackend | None, result: Any) -> None:
+    # send_robust: a failing receiver is logged by Django and must not turn a
+    # finished task into a retried one.
+    signal.send_robust(sender=_sender(backend), task_result=result)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
