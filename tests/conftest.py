@@ -86,9 +86,22 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, extra: list[str] | None = None) -> None:
-        argv = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--dir", self.directory, "--appendonly", "yes" if self.appendonly else "no",
-                "--appendfsync", "always", *(extra or [])]
+        argv = [
+            redis_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            self.directory,
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always",
+            *(extra or []),
+        ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with redis.Redis(port=self.port, socket_timeout=1) as client:
             wait_for(lambda: _pings(client), 10, "redis-server to start")
@@ -124,7 +137,7 @@ def redis_url() -> Iterator[str]:
 
 
 class Worker:
-    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, env: "CogEnv") -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, env: CogEnv) -> None:
         self.proc = proc
         self.log_path = log_path
         self.env = env
@@ -199,8 +212,13 @@ class CogEnv:
             **(env or {}),
         }
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, str(MANAGE), "cogworker", *args], env=full_env,
-                                    stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+            proc = subprocess.Popen(
+                [sys.executable, str(MANAGE), "cogworker", *args],
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(ROOT),
+            )
         worker = Worker(proc, log_path, self)
         self.workers.append(worker)
         return worker

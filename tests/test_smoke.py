@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from tests.conftest import wait_for
 from testproject.testapp import jobs
+from tests.conftest import wait_for
 
 
 def test_worker_runs_a_job(cog):
