@@ -125,7 +125,7 @@ def queued(cog: Any, queue: str = "default") -> list[dict[str, Any]]:
 def run(job_name: str, *args: Any) -> execution.Outcome:
     made = registry.get(job_name)
     assert made is not None
-    return execution.execute(encode(made.payload(list(args), {})), get_config())
+    return execution.execute(encode(made.payload(list(args), {})), get_config(), close_connections=False)
 
 
 # -- client side ------------------------------------------------------------------------

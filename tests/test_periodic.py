@@ -399,7 +399,7 @@ def periodic_payload(cog: Any, job_name: str, *, jid: str = "run-1") -> bytes:
 def test_the_running_lock_is_released_when_the_run_ends_for_good(cog, job_name, kept):
     lock = cog.key("periodic:running:p1")
     cog.redis.set(lock, "run-1", ex=30)
-    execute(periodic_payload(cog, job_name), get_config())
+    execute(periodic_payload(cog, job_name), get_config(), close_connections=False)
     if kept:
         assert cog.redis.get(lock) == b"run-1"
         assert cog.redis.ttl(lock) > PERIODIC_QUEUED_TTL_S - 5  # covers the retry's wait
@@ -417,13 +417,13 @@ def test_a_run_extends_its_lock_and_never_touches_another_runs_lock(cog):
     def peek() -> None:
         seen.append((cog.redis.ttl(lock), periodic.HELD.snapshot()))
 
-    execute(periodic_payload(cog, "tests.periodic.peek"), get_config())
+    execute(periodic_payload(cog, "tests.periodic.peek"), get_config(), close_connections=False)
     (ttl, held) = seen[0]
     assert ttl > periodic.ACTIVE_TTL_MIN_S - 5  # active TTL while running
     assert held == [("run-1", "p1")]  # the ticker extends it during a long run
 
     cog.redis.set(lock, "someone-else", ex=5)
-    execute(periodic_payload(cog, "tests.periodic.peek"), get_config())
+    execute(periodic_payload(cog, "tests.periodic.peek"), get_config(), close_connections=False)
     assert cog.redis.get(lock) == b"someone-else" and cog.redis.ttl(lock) <= 5
 
 

@@ -157,7 +157,7 @@ def test_a_late_job_cannot_release_the_next_owners_lock(cog):
     key = cog.key("unique:" + first["unique_digest"])
     second = UNIQUE.delay("late")
     assert cog.redis.get(key).decode() == second
-    execute(encode(first), get_config())
+    execute(encode(first), get_config(), close_connections=False)
     assert cog.redis.get(key).decode() == second
 
 
