@@ -1,0 +1,353 @@
+"""Admin pages of the job sets: scheduled, retries, dead and unsettled.
+
+Each set has a paginated list (filter by job name and queue, search by jid
+or error text), a detail page per job, and actions on one job (from its
+page), on the selected jobs, or on every job matching the filter: retry
+now, delete, kill. Bulk and "all" actions ask for confirmation first.
+
+Unfiltered lists read one page by offset (ZRANGE); filtered ones scan with
+a server-side pattern (``api`` ``filter_page``), so a set of 100,000 jobs
+never comes whole into Python to show 25.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.admin import ModelAdmin
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.utils.text import Truncator
+
+from django_cogworker import api
+from django_cogworker.admin_views import (
+    PER_PAGE,
+    When,
+    admin_url,
+    context,
+    json_line,
+    page_links,
+    paginate,
+    post_only,
+    render,
+    require_change,
+    require_view,
+    segment,
+    unsegment,
+)
+
+#: Jobs listed on a confirmation page (the count says how many in all).
+CONFIRM_SAMPLE = 10
+
+ACTION_LABELS = {"retry": "Retry now", "delete": "Delete", "kill": "Kill (move to dead)"}
+ACTION_DONE = {"retry": "Retried", "delete": "Deleted", "kill": "Killed"}
+
+
+@dataclass(frozen=True)
+class SetPage:
+    slug: str
+    title: str
+    source: type[api.SortedSet] | type[api.UnsettledSet]
+    actions: tuple[str, ...]
+    #: What the entry's score means on this page.
+    when_label: str
+    description: str
+
+    def jobs(self) -> api.SortedSet | api.UnsettledSet:
+        return self.source()
+
+
+SET_PAGES = {
+    "scheduled": SetPage(
+        "scheduled",
+        "Scheduled",
+        api.ScheduledSet,
+        ("retry", "delete", "kill"),
+        "Due",
+        "Jobs enqueued for later (delay_in, delay_at). Retry now puts one on its queue at once.",
+    ),
+    "retries": SetPage(
+        "retries",
+        "Retries",
+        api.RetrySet,
+        ("retry", "delete", "kill"),
+        "Next retry",
+        "Failed jobs waiting for their next attempt.",
+    ),
+    "dead": SetPage(
+        "dead",
+        "Dead",
+        api.DeadSet,
+        ("retry", "delete"),
+        "Died",
+        "Jobs that exhausted their retries, could not be read, or kept killing their process.",
+    ),
+    "unsettled": SetPage(
+        "unsettled",
+        "Unsettled",
+        api.UnsettledSet,
+        ("retry", "delete", "kill"),
+        "Due",
+        "Failed jobs a stopping process could not file in retry or dead; any live process files them.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Filters:
+    name: str
+    queue: str
+    search: str
+
+    @classmethod
+    def of(cls, query: Any) -> Filters:
+        return cls(
+            query.get("name", "").strip(),
+            query.get("queue", "").strip(),
+            query.get("q", "").strip(),
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.name or self.queue or self.search)
+
+    def matching(self, jobs: api.SortedSet | api.UnsettledSet) -> list[api.JobRecord]:
+        return jobs.filter(name=self.name or None, queue=self.queue or None, search=self.search or None)
+
+    def page(
+        self, jobs: api.SortedSet | api.UnsettledSet, offset: int, limit: int
+    ) -> tuple[int, list[api.JobRecord]]:
+        return jobs.filter_page(
+            name=self.name or None,
+            queue=self.queue or None,
+            search=self.search or None,
+            offset=offset,
+            limit=limit,
+        )
+
+    @property
+    def query(self) -> str:
+        pairs = [("name", self.name), ("queue", self.queue), ("q", self.search)]
+        return urlencode([(k, v) for k, v in pairs if v])
+
+    def describe(self) -> str:
+        parts = []
+        if self.name:
+            parts.append(f"job name is {self.name}")
+        if self.queue:
+            parts.append(f"queue is {self.queue}")
+        if self.search:
+            parts.append(f"jid or error contains {self.search!r}")
+        return " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    record: api.JobRecord
+    url: str
+    when: When | None
+    args: str
+    error: str
+
+
+def _error_line(record: api.JobRecord) -> str:
+    if not record.error_class and not record.error_message:
+        return ""
+    return f"{record.error_class or 'Error'}: {record.error_message or ''}"
+
+
+def _row(model_admin: ModelAdmin, page: SetPage, record: api.JobRecord) -> JobRow:
+    return JobRow(
+        record=record,
+        url=admin_url(model_admin, "job", page.slug, segment(record.id)),
+        when=When.of(record.score),
+        args=json_line(record.args, record.kwargs),
+        error=_error_line(record),
+    )
+
+
+def _page_of(set_name: str) -> SetPage:
+    page = SET_PAGES.get(set_name)
+    if page is None:
+        raise Http404("no such set")
+    return page
+
+
+def _list_url(model_admin: ModelAdmin, page: SetPage, filters: Filters | None = None) -> str:
+    url = admin_url(model_admin, "set", page.slug)
+    return f"{url}?{filters.query}" if filters and filters.query else url
+
+
+def _fetch(
+    jobs: api.SortedSet | api.UnsettledSet, filters: Filters, offset: int, limit: int
+) -> tuple[int, list[api.JobRecord]]:
+    if filters.active:
+        return filters.page(jobs, offset, limit)
+    return jobs.size, jobs.page(offset, limit)
+
+
+# -- list -------------------------------------------------------------------------
+
+
+def set_list(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> HttpResponse:
+    require_view(request, model_admin)
+    page_def = _page_of(set_name)
+    jobs = page_def.jobs()
+    filters = Filters.of(request.GET)
+    page = paginate(request, lambda offset, limit: _fetch(jobs, filters, offset, limit))
+    action_url = admin_url(model_admin, "set_action", page_def.slug)
+    ctx = context(
+        request,
+        model_admin,
+        title=page_def.title,
+        tab=page_def.slug,
+        set_page=page_def,
+        filters=filters,
+        page=page,
+        page_links=page_links(page),
+        rows=[_row(model_admin, page_def, r) for r in page.object_list],
+        count=page.paginator.count,
+        action_url=f"{action_url}?{filters.query}" if filters.query else action_url,
+        actions=[(a, ACTION_LABELS[a]) for a in page_def.actions],
+        job_names=api.job_names(),
+        queue_names=[q.name for q in api.Queue.all()],
+        list_url=_list_url(model_admin, page_def),
+        per_page=PER_PAGE,
+    )
+    return render(request, model_admin, "set.html", ctx)
+
+
+def set_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> HttpResponse:
+    """Bulk action: confirm first (``post=yes`` then carries it out)."""
+    refused = post_only(request)
+    if refused:
+        return refused
+    require_change(request, model_admin)
+    page_def = _page_of(set_name)
+    jobs = page_def.jobs()
+    filters = Filters.of(request.GET)
+    back = _list_url(model_admin, page_def, filters)
+    action = request.POST.get("action", "")
+    if action not in page_def.actions:
+        messages.warning(request, "Choose an action to run on the selected jobs.")
+        return HttpResponseRedirect(back)
+    across = request.POST.get("select_across") == "1"
+    ids = request.POST.getlist("_selected_action")
+    if not across and not ids:
+        messages.warning(request, "Select jobs to act on: no job was changed.")
+        return HttpResponseRedirect(back)
+
+    if request.POST.get("post") != "yes":
+        if across:
+            count, sample = _fetch(jobs, filters, 0, CONFIRM_SAMPLE)
+        else:
+            found = [r for r in (jobs.get(i) for i in ids) if r is not None]
+            count, sample = len(found), found[:CONFIRM_SAMPLE]
+        ctx = context(
+            request,
+            model_admin,
+            title="Are you sure?",
+            tab=page_def.slug,
+            crumbs=[(ACTION_LABELS[action], None)],
+            set_page=page_def,
+            filters=filters,
+            action=action,
+            action_label=ACTION_LABELS[action],
+            across=across,
+            ids=ids,
+            count=count,
+            rows=[_row(model_admin, page_def, r) for r in sample],
+            more=max(0, count - len(sample)),
+            list_url=back,
+            action_url=request.get_full_path(),
+        )
+        return render(request, model_admin, "set_confirm.html", ctx)
+
+    if across and action == "delete" and not filters.active:
+        done = jobs.clear()
+    elif across:
+        done = api.bulk(filters.matching(jobs), action)
+    else:
+        records = [r for r in (jobs.get(i) for i in ids) if r is not None]
+        done = api.bulk(records, action)
+    wanted = "all matching" if across else str(len(ids))
+    text = f"{ACTION_DONE[action]} {done} of {wanted} jobs in {page_def.title}."
+    if not across and done < len(ids):
+        text += " The others had moved already (run, retried or changed by someone else)."
+    messages.success(request, text)
+    return HttpResponseRedirect(back)
+
+
+# -- one job ---------------------------------------------------------------------
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def _backtrace(value: Any) -> str:
+    if isinstance(value, list):
+        return "\n".join(str(line).rstrip("\n") for line in value)
+    return "" if value is None else str(value)
+
+
+def job_detail(request: HttpRequest, model_admin: ModelAdmin, set_name: str, record_id: str) -> HttpResponse:
+    require_view(request, model_admin)
+    page_def = _page_of(set_name)
+    record = page_def.jobs().get(unsegment(record_id))
+    if record is None:
+        messages.warning(
+            request, f"That job is no longer in {page_def.title}: it was retried, deleted or moved."
+        )
+        return HttpResponseRedirect(_list_url(model_admin, page_def))
+    times = [
+        (page_def.when_label, When.of(record.score)),
+        ("Created", When.of(record.created_at)),
+        ("Enqueued", When.of(record.enqueued_at)),
+        ("Failed", When.of(record.failed_at)),
+        ("Retried", When.of(record.retried_at)),
+    ]
+    ctx = context(
+        request,
+        model_admin,
+        title=f"{page_def.title} job {Truncator(record.jid).chars(40)}",
+        tab=page_def.slug,
+        crumbs=[(Truncator(record.jid).chars(40), None)],
+        set_page=page_def,
+        record=record,
+        times=[(label, w) for label, w in times if w is not None],
+        args_json=_pretty(record.args),
+        kwargs_json=_pretty(record.kwargs),
+        backtrace=_backtrace(record.error_backtrace),
+        payload_json=_pretty(record.payload),
+        raw=record.raw,
+        target_set=record.target_set,
+        actions=[(a, ACTION_LABELS[a]) for a in page_def.actions],
+        action_url=admin_url(model_admin, "job_action", page_def.slug, segment(record.id)),
+        list_url=_list_url(model_admin, page_def),
+    )
+    return render(request, model_admin, "job.html", ctx)
+
+
+def job_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str, record_id: str) -> HttpResponse:
+    refused = post_only(request)
+    if refused:
+        return refused
+    require_change(request, model_admin)
+    page_def = _page_of(set_name)
+    back = _list_url(model_admin, page_def)
+    action = request.POST.get("action", "")
+    if action not in page_def.actions:
+        messages.error(request, "Unknown action.")
+        return HttpResponseRedirect(back)
+    record = page_def.jobs().get(unsegment(record_id))
+    if record is None or not record.apply(action):
+        messages.warning(
+            request, f"That job is no longer in {page_def.title}: it was retried, deleted or moved."
+        )
+    else:
+        messages.success(request, f"{ACTION_DONE[action]} job {record.jid} ({record.name}).")
+    return HttpResponseRedirect(back)
