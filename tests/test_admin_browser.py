@@ -4,7 +4,8 @@ driven by Playwright, against a live server, a real Redis and a real worker.
 Logs in, opens the dead page, filters, retries a job and sees it leave the
 set; selects every job matching a filter across pages and deletes them;
 pauses the auto-refresh. Saves a screenshot of every page under
-``test-artifacts/admin/`` and copies them to ``docs/img/admin-*.png``.
+``test-artifacts/admin/``; with ``COGWORKER_DOCS_SCREENSHOTS=1`` also copies
+them to ``docs/img/admin-*.png`` (the screenshots of the documentation).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -203,13 +205,15 @@ def chromium() -> Iterator[Any]:
 class Shots:
     def __init__(self) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        self.update_docs = os.environ.get("COGWORKER_DOCS_SCREENSHOTS") == "1"
         self.taken: list[str] = []
 
     def take(self, page: Any, name: str, *, full_page: bool = True) -> None:
         path = ARTIFACTS / f"admin-{name}.png"
         page.screenshot(path=str(path), full_page=full_page)
-        shutil.copyfile(path, DOCS_IMG / path.name)
+        if self.update_docs:
+            DOCS_IMG.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, DOCS_IMG / path.name)
         self.taken.append(path.name)
 
 
