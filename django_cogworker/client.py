@@ -14,8 +14,9 @@ the payload is released.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -24,7 +25,7 @@ from django.db import transaction
 from django_cogworker import middleware
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.errors import RedisUnavailable
+from django_cogworker.errors import EnqueueRefused, RedisUnavailable
 from django_cogworker.payload import Payload, encode
 
 #: Hook for the testing helpers' inline mode: when set, payloads are handed
@@ -88,30 +89,38 @@ QUEUE_REGISTRATION_TTL_S = 60.0
 
 def _push(payloads: list[Payload], at: float | None) -> None:
     k = get_keys()
-    if at is None and len(payloads) == 1:
-        queue = payloads[0]["queue"]
-        seen = _registered.get((k.namespace, queue))
-        if seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S:
-            try:
+    with _translated_errors():
+        if at is None and len(payloads) == 1:
+            queue = payloads[0]["queue"]
+            seen = _registered.get((k.namespace, queue))
+            if seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S:
                 get_redis().lpush(k.queue(queue), encode(payloads[0]))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc
-            return
-    pipe = get_redis().pipeline(transaction=False)
-    if at is not None:
-        pipe.zadd(k.schedule, {encode(p): at for p in payloads})
-    else:
-        by_queue: dict[str, list[bytes]] = {}
-        for p in payloads:
-            by_queue.setdefault(p["queue"], []).append(encode(p))
-        for queue, raws in by_queue.items():
-            pipe.sadd(k.queues, queue)
-            pipe.lpush(k.queue(queue), *raws)
-    try:
+                return
+        pipe = get_redis().pipeline(transaction=False)
+        if at is not None:
+            pipe.zadd(k.schedule, {encode(p): at for p in payloads})
+        else:
+            by_queue: dict[str, list[bytes]] = {}
+            for p in payloads:
+                by_queue.setdefault(p["queue"], []).append(encode(p))
+            for queue, raws in by_queue.items():
+                pipe.sadd(k.queues, queue)
+                pipe.lpush(k.queue(queue), *raws)
         pipe.execute()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc
     if at is None:
         now = time.monotonic()
         for p in payloads:
             _registered[(k.namespace, p["queue"])] = now
+
+
+@contextlib.contextmanager
+def _translated_errors() -> Iterator[None]:
+    """redis-py's errors, raised to the caller as ours (SPEC section 8)."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc
+    except redis.RedisError as exc:
+        # OOM under maxmemory, a read-only replica, a key of the wrong type:
+        # the caller gets our error, with the server's reason.
+        raise EnqueueRefused(f"could not enqueue: Redis refused it ({exc})") from exc

@@ -17,6 +17,10 @@ class RedisUnavailable(CogworkerError):
     """Redis could not be reached (wraps redis-py's connection errors)."""
 
 
+class EnqueueRefused(CogworkerError):
+    """Redis answered but refused to store a job (out of memory, read-only, ...)."""
+
+
 class UnsupportedServer(CogworkerError):
     """The Redis server lacks a command reliable fetch needs (BLMOVE, LPOS)."""
 

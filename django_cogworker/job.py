@@ -53,6 +53,14 @@ class Job:
 
     def set(self, **options: Any) -> Job:
         """A copy with per-call options (``queue``, ``retry``, ``dead``, ...)."""
+        local = {"retry_in", "on_exhausted"} & set(options)
+        if local:
+            # A payload is JSON: functions cannot travel with it, so a worker
+            # always uses the registered job's own.
+            raise TypeError(
+                f"job {self.name!r}: {', '.join(sorted(local))} cannot be set per call (a worker uses the "
+                "function given to @job); pass it to @job instead"
+            )
         unknown = set(options) - {f.name for f in dataclasses.fields(self)} - {"func", "name"}
         if unknown or {"func", "name"} & set(options):
             bad = sorted(unknown | ({"func", "name"} & set(options)))

@@ -27,13 +27,17 @@ from typing import Any
 
 from django_cogworker import middleware, threads
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.heartbeat import Heartbeat
+from django_cogworker.heartbeat import DAILY_STATS_TTL_S, Heartbeat
 from django_cogworker.manager import Manager
 from django_cogworker.periodic import Ticker
 from django_cogworker.poller import Poller
 from django_cogworker.recovery import Recovery
 
 logger = logging.getLogger("django_cogworker")
+
+#: How long a stop waits for the heartbeat, poller, ticker and housekeeper
+#: to finish their current pass before deregistering.
+BACKGROUND_STOP_TIMEOUT_S = 5.0
 
 #: How long to keep trying the first beat before giving up at boot.
 BOOT_RETRY_MAX_S = 5.0
@@ -60,6 +64,7 @@ class Launcher:
         self.identity = identity or new_identity()
         self.done = threading.Event()
         self.signals: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.background: list[threading.Thread] = []  # heartbeat, poller, ticker, housekeeper
         self.manager = Manager(
             config,
             self.identity,
@@ -91,10 +96,12 @@ class Launcher:
         if not self.first_beat():
             return
         self.manager.start()
-        threads.start("cogworker-heartbeat", self.heartbeat.run, self.thread_crashed)
-        threads.start("cogworker-poller", self.poller.run, self.thread_crashed)
-        threads.start("cogworker-periodic", self.ticker.run, self.thread_crashed)
-        threads.start("cogworker-housekeeper", self.housekeep, self.thread_crashed)
+        self.background = [
+            threads.start("cogworker-heartbeat", self.heartbeat.run, self.thread_crashed),
+            threads.start("cogworker-poller", self.poller.run, self.thread_crashed),
+            threads.start("cogworker-periodic", self.ticker.run, self.thread_crashed),
+            threads.start("cogworker-housekeeper", self.housekeep, self.thread_crashed),
+        ]
         while True:
             try:
                 what = self.signals.get(timeout=1.0)
@@ -132,6 +139,13 @@ class Launcher:
         )
         self.manager.stop(self.recovery.settle_unfinished)
         self.done.set()
+        # A beat still in flight would register this process again right
+        # after it deregistered (a dead process in the admin, and in the
+        # registry until a recovery forgets it): let the background threads
+        # finish their current pass first.
+        deadline = time.monotonic() + BACKGROUND_STOP_TIMEOUT_S
+        for thread in self.background:
+            thread.join(max(0.0, deadline - time.monotonic()))
         self.deregister()
         logger.info("cogworker %s stopped", self.identity)
 
@@ -145,9 +159,11 @@ class Launcher:
             if processed:
                 pipe.incrby(k.stat_processed, processed)
                 pipe.incrby(k.stat_processed_on(day), processed)
+                pipe.expire(k.stat_processed_on(day), DAILY_STATS_TTL_S)
             if failed:
                 pipe.incrby(k.stat_failed, failed)
                 pipe.incrby(k.stat_failed_on(day), failed)
+                pipe.expire(k.stat_failed_on(day), DAILY_STATS_TTL_S)
             pipe.delete(k.process(m.identity), k.workers(m.identity), k.signals(m.identity))
             pipe.srem(k.processes, m.identity)
             pipe.execute()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
+from django_cogworker.heartbeat import DAILY_STATS_TTL_S
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode, salvage
 from django_cogworker.scripts import script
@@ -208,7 +209,9 @@ class Recovery:
 
             pipe = self.client.pipeline(transaction=False)
             pipe.incr(self.keys.stat_failed)
-            pipe.incr(self.keys.stat_failed_on(time.strftime("%Y-%m-%d", time.gmtime())))
+            day_key = self.keys.stat_failed_on(time.strftime("%Y-%m-%d", time.gmtime()))
+            pipe.incr(day_key)
+            pipe.expire(day_key, DAILY_STATS_TTL_S)
             pipe.delete(self.keys.orphanings(str(entry.get("jid", ""))))
             pipe.execute()
             locks.release_all(self.client, self.keys, entry)

@@ -14,7 +14,7 @@ import redis
 from django.db import transaction
 
 from django_cogworker import job, registry
-from django_cogworker.errors import CogworkerError, RedisUnavailable
+from django_cogworker.errors import CogworkerError, EnqueueRefused, RedisUnavailable
 from testproject.demo import jobs as demo_jobs
 from testproject.testapp import jobs
 from tests.conftest import free_port
@@ -403,3 +403,19 @@ def test_redis_down_at_delay_raises_redis_unavailable_and_writes_nothing(cog):
         assert isinstance(info.value.__cause__, redis.ConnectionError)
     assert time.monotonic() - started < 20  # fails fast enough for a web request to report it
     assert namespace_keys(cog) == []
+
+
+def test_set_refuses_functions_that_cannot_travel_in_a_payload():
+    with pytest.raises(TypeError, match="retry_in cannot be set per call"):
+        jobs.record.set(retry_in=lambda count, exc: 1)
+    with pytest.raises(TypeError, match="on_exhausted cannot be set per call"):
+        jobs.record.set(on_exhausted=print)
+
+
+def test_redis_refusing_the_push_raises_enqueue_refused_naming_the_reason(cog):
+    # A queue key of the wrong type: Redis answers WRONGTYPE to the LPUSH.
+    cog.redis.set(cog.key("queue:default"), "not a list")
+    with pytest.raises(EnqueueRefused, match="Redis refused it .*WRONGTYPE") as caught:
+        jobs.record.delay("x")
+    assert isinstance(caught.value, CogworkerError)
+    assert cog.redis.get(cog.key("queue:default")) == b"not a list"
