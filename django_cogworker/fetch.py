@@ -13,6 +13,7 @@ It is what servers older than Redis 6.2 get (G10).
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -39,7 +40,11 @@ EMPTY_POLL_INTERVAL_S = 0.25
 #: How often the paused-queue set is re-read.
 PAUSED_REFRESH_S = 1.0
 
+logger = logging.getLogger("django_cogworker")
+
 MIN_REDIS_VERSION = (6, 2)
+
+BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Fetcher:
         self._paused: frozenset[str] = frozenset()
         self._paused_at = 0.0
         self._idle = threading.local()
+        self._broken_logged_at = -BROKEN_QUEUE_LOG_INTERVAL_S
 
     def active_queues(self) -> list[str]:
         """Queue names to try now, in order (weighted: shuffled by weight)."""
@@ -113,6 +119,15 @@ class Fetcher:
 
     def not_idle(self) -> None:
         self._idle.interval = None
+
+    def report_broken_queue(self, detail: bytes) -> None:
+        """Logs a queue key that cannot be read, once a minute at most."""
+        now = time.monotonic()
+        if now - self._broken_logged_at > BROKEN_QUEUE_LOG_INTERVAL_S:
+            self._broken_logged_at = now
+            logger.error(
+                "skipping a queue that cannot be read (%s); the others go on", detail.decode(errors="replace")
+            )
 
     # -- the interface every fetch implements -------------------------------
 
@@ -194,17 +209,23 @@ class ReliableFetch(Fetcher):
                     [*(k.queue(q) for q in queues), self.inprogress, k.orphanings(ack_jid)],
                     [ack_raw, "1" if orphaned else "0"],
                 )
-                if found:
+                if found and int(found[0]) > 0:
                     self.not_idle()
                     index, raw = found
                     return UnitOfWork(queues[int(index) - 1], raw)
-                if len(queues) > 1:
+                if found or len(queues) > 1:
+                    if found:
+                        self.report_broken_queue(found[1])
                     self.idle_sleep()
                     return None
             raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
         except redis.ResponseError as exc:
             if is_unknown_command(exc):
                 raise UnsupportedServer(str(exc)) from exc
+            if "WRONGTYPE" in str(exc):
+                self.report_broken_queue(f"{k.queue(queues[0])}: {exc}".encode())
+                self.idle_sleep()
+                return None
             raise
         return None if raw is None else UnitOfWork(queues[0], raw)
 

@@ -84,10 +84,18 @@ class Poller:
         # A first, short random wait spreads processes started together.
         if self.launcher.done.wait(random.random() * self.config.poll_interval_s):
             return
+        failing = False
         while True:
             try:
                 self.enqueue_due()
             except Exception as exc:
-                logger.error("poller: %s: %s", type(exc).__name__, exc)
+                # Once per outage, not on every pass (SPEC section 8).
+                if not failing:
+                    logger.error("poller: %s: %s; retrying every pass", type(exc).__name__, exc)
+                failing = True
+            else:
+                if failing:
+                    logger.warning("poller: working again")
+                failing = False
             if self.launcher.done.wait(self.interval_s()):
                 return

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_cogworker")
 
 ORPHANINGS_TTL_S = 7 * 24 * 3600
+#: A stray is requeued when seen on two looks in a row at least this far
+#: apart: between a fetch returning and its thread recording the job as
+#: running there are microseconds, but a loaded machine can stall a thread
+#: for longer than a (short, test-sized) heartbeat interval.
+STRAY_MIN_AGE_S = 2.0
 T = TypeVar("T")
 
 
@@ -44,7 +49,8 @@ class Recovery:
         self.client = manager.client
         self.keys: Keys = manager.keys
         self.config = manager.config
-        self.previous_strays: list[bytes] = []
+        # Stray candidates -> when first seen (monotonic clock).
+        self.previous_strays: dict[bytes, float] = {}
         self.last_report: dict[str, Any] = {}
 
     # -- requeue ---------------------------------------------------------------
@@ -225,8 +231,9 @@ class Recovery:
 
         A stray is an entry of our own list that no thread runs, judged from
         the manager's memory, never from ``N:workers`` (a failover can lose
-        that while a long job still runs). The second look rules out a job
-        caught between being fetched and being recorded as running."""
+        that while a long job still runs). The second look, at least
+        STRAY_MIN_AGE_S after the first, rules out a job caught between being
+        fetched and being recorded as running."""
         manager = self.manager
         if not manager.reliable:
             return
@@ -242,13 +249,17 @@ class Recovery:
                 self.settle_one(raw, pending[raw])
             else:
                 strays.append(raw)
-        for raw in [s for s in strays if s in self.previous_strays]:
+        now = time.monotonic()
+        for raw in strays:
+            first_seen = self.previous_strays.get(raw)
+            if first_seen is None or now - first_seen < STRAY_MIN_AGE_S:
+                continue
             if manager.running_counter()[raw] or raw in manager.snapshot()[1]:
                 continue
             moved = script("requeue_one")(self.client, [key], [raw, *manager.requeue_args()])
             if moved == 1:
                 logger.warning("requeued stray in-progress job jid=%s", salvage(raw).get("jid"))
-        self.previous_strays = [s for s in strays if s not in self.previous_strays]
+        self.previous_strays = {raw: self.previous_strays.get(raw, now) for raw in strays}
         # A pending settlement whose job is no longer listed (a recovery took
         # it, or it was settled) has nothing left to do.
         listed_set = set(listed)

@@ -1204,3 +1204,16 @@ def test_redis_killed_and_restarted_from_its_aof_mid_run_loses_nothing(cog, own_
     log = worker.log()
     outages = log.count("Redis unreachable")
     assert 1 <= outages <= 2 and log.count("processing resumed") == outages, log
+
+
+def test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues(cog):
+    cog.redis.set(cog.key("queue:mail"), "not a list")
+    cog.redis.sadd(cog.key("queues"), "mail")
+    jids = {jobs.record.delay(i) for i in range(5)}
+    worker = cog.start_worker("-q", "mail", "-q", "default")
+    wait_for(lambda: {n["jid"] for n in cog.notes()} == jids, 20, "the default queue's jobs to run")
+    assert cog.redis.get(cog.key("queue:mail")) == b"not a list"
+    wait_for(lambda: "skipping a queue that cannot be read" in worker.log(), 10, "the broken queue to be logged")
+    assert worker.log().count("skipping a queue that cannot be read") == 1
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0

@@ -8,7 +8,8 @@
 -- ARGV[1] = the previous job exactly as fetched, to acknowledge ("" = none);
 -- ARGV[2] = "1" if that job was ever recovered from a dead process (its
 -- payload carries "orphaned"), so its orphan counter must go too.
--- Returns {index of the queue, job}, or false when every queue is empty.
+-- Returns {index of the queue, job}; false when every queue is empty;
+-- {0, "<key>: <error>"} when they are empty or broken.
 -- LMOVE is atomic: the job is on exactly one of the two lists at every moment.
 local inprogress = KEYS[#KEYS - 1]
 if ARGV[1] ~= "" then
@@ -18,10 +19,18 @@ if ARGV[1] ~= "" then
     redis.pcall("DEL", KEYS[#KEYS])
   end
 end
+-- A queue key of the wrong type is skipped, not allowed to stop the others
+-- (G12); when nothing was found the caller hears of it, to log it.
+local broken = nil
 for i = 1, #KEYS - 2 do
-  local job = redis.call("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
-  if job then
+  local job = redis.pcall("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
+  if type(job) == "string" then
     return {i, job}
+  elseif type(job) == "table" and job.err then
+    broken = broken or KEYS[i] .. ": " .. job.err
   end
+end
+if broken then
+  return {0, broken}
 end
 return false
