@@ -13,12 +13,13 @@ It is what servers older than Redis 6.2 get (G10).
 
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -144,6 +145,12 @@ class Fetcher:
     def give_back(self, work: UnitOfWork) -> None:
         raise NotImplementedError
 
+    def flush_acks(self) -> None:
+        """Sends acknowledgements still waiting for a fetch (none by default)."""
+
+    def return_buffered(self) -> None:
+        """Gives back jobs fetched ahead for threads (none by default)."""
+
     def _trim_args(self, zset: str, trim: bool) -> list[Arg]:
         if not trim:
             return ["", ""]
@@ -181,38 +188,55 @@ class BasicFetch(Fetcher):
 
 
 class ReliableFetch(Fetcher):
+    """Jobs are taken in batches while the worker is busy: one call
+    acknowledges what the threads finished and moves up to as many jobs as
+    there are threads not running one. The extra jobs wait in memory (on the
+    in-progress list, and known to the manager as held, so never strays)
+    for the next thread; an ack waits in memory (as a pending ack, never to
+    be run again) for the next call. When the queues run dry, a thread
+    acknowledges at once, and with one queue it then blocks on BLMOVE."""
+
     reliable = True
 
     def __init__(self, manager: Manager) -> None:
         super().__init__(manager)
         self.inprogress = self.keys.inprogress(manager.identity)
+        self.buffer: collections.deque[UnitOfWork] = collections.deque()
+        self.acks: list[tuple[UnitOfWork, str]] = []
+        self._acks_lock = threading.Lock()
 
     def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
-        """The next job, acknowledging ``done`` (the thread's previous job and
-        its jid) in the same call. One queue: when it is empty, a blocking
-        BLMOVE waits for the next job (no polling)."""
+        """The next job; ``done`` (the thread's previous job and its jid) is
+        acknowledged with the next call to Redis."""
+        if done is not None:
+            with self._acks_lock:
+                self.acks.append(done)
+        try:
+            work = self.buffer.popleft()
+        except IndexError:
+            pass
+        else:
+            return work
         queues = self.active_queues()
         if not queues:
-            if done is not None:
-                self.ack(*done)
+            self.flush_acks()
             self.manager.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
         k = self.keys
         try:
-            if done is not None or len(queues) > 1:
-                ack_raw, ack_jid = (done[0].raw, done[1]) if done is not None else (b"", "")
-                # Only a job once recovered from a dead process has an orphan
-                # counter to clear (recovery marks its payload).
-                orphaned = b'"orphaned":' in ack_raw
-                found = script("fetch")(
-                    self.client,
-                    [*(k.queue(q) for q in queues), self.inprogress, k.orphanings(ack_jid)],
-                    [ack_raw, "1" if orphaned else "0"],
-                )
+            with self._acks_lock:
+                acks, self.acks = self.acks, []
+            if acks or len(queues) > 1 or not getattr(self._idle, "blocking", False):
+                found = self.fetch_script(queues, acks, self.manager.free_threads())
                 if found and int(found[0]) > 0:
                     self.not_idle()
-                    index, raw = found
-                    return UnitOfWork(queues[int(index) - 1], raw)
+                    self._idle.blocking = False
+                    queue = queues[int(found[0]) - 1]
+                    works = [UnitOfWork(queue, raw) for raw in found[1:]]
+                    if len(works) > 1:
+                        self.manager.hold(works[1:])
+                        self.buffer.extend(works[1:])
+                    return works[0]
                 if found or len(queues) > 1:
                     if found:
                         self.report_broken_queue(found[1])
@@ -227,7 +251,41 @@ class ReliableFetch(Fetcher):
                 self.idle_sleep()
                 return None
             raise
+        # Idle with one queue: the next call blocks at once, without a script
+        # call first (no polling), until a job comes.
+        self._idle.blocking = raw is None
         return None if raw is None else UnitOfWork(queues[0], raw)
+
+    def fetch_script(self, queues: list[str], acks: list[tuple[UnitOfWork, str]], want: int) -> Any:
+        k = self.keys
+        # Only a job once recovered from a dead process has an orphan counter
+        # to clear (recovery marks its payload).
+        counters = [k.orphanings(jid) for work, jid in acks if b'"orphaned":' in work.raw]
+        found = script("fetch")(
+            self.client,
+            [*(k.queue(q) for q in queues), self.inprogress, *counters],
+            [len(queues), max(1, want), *(work.raw for work, _ in acks)],
+        )
+        # Sent: they are acknowledged (a call that failed leaves them pending
+        # in the manager's memory, where reconcile settles them).
+        self.manager.forget_pending_many([work.raw for work, _ in acks])
+        return found
+
+    def flush_acks(self) -> None:
+        """Acknowledges what waits, now (the thread will not fetch soon)."""
+        with self._acks_lock:
+            acks, self.acks = self.acks, []
+        for work, jid in acks:
+            self.manager.settle_ack(work, jid)
+
+    def return_buffered(self) -> None:
+        """Gives back the jobs taken for threads that will not run them (quiet)."""
+        while True:
+            try:
+                work = self.buffer.popleft()
+            except IndexError:
+                return
+            self.manager.give_back(work)
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         script("ack")(self.client, [self.inprogress, self.keys.orphanings(jid)], [work.raw])

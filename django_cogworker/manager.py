@@ -70,6 +70,9 @@ class Manager:
         self._threads: list[threading.Thread] = []
         self.running: dict[int, tuple[UnitOfWork, float, str]] = {}
         self.running_raw: Counter[bytes] = Counter()
+        # Fetched ahead for the next free thread (see ReliableFetch): on our
+        # list, not running yet, and not strays either.
+        self.held: Counter[bytes] = Counter()
         self.pending: dict[bytes, Pending] = {}
         self.interrupted: set[bytes] = set()
         self.processed = 0
@@ -128,6 +131,10 @@ class Manager:
         with contextlib.suppress(Exception):
             jid = str(json.loads(work.raw).get("jid", ""))
         with self._lock:
+            if self.held[work.raw] > 0:
+                self.held[work.raw] -= 1
+                if self.held[work.raw] <= 0:
+                    del self.held[work.raw]
             self.running[index] = (work, time.time(), jid)
             self.running_raw[work.raw] += 1
 
@@ -186,6 +193,7 @@ class Manager:
             fetcher.file(work, zset, score, payload, jid, trim)
 
     def give_back(self, work: UnitOfWork) -> None:
+        self.unhold(work)
         try:
             self.fetcher().give_back(work)
         except Exception:
@@ -197,8 +205,33 @@ class Manager:
             return list(self.running.values()), dict(self.pending)
 
     def running_counter(self) -> Counter[bytes]:
+        """Jobs this process runs or holds for a thread, by payload."""
         with self._lock:
-            return Counter(self.running_raw)
+            return self.running_raw + self.held
+
+    def hold(self, works: list[UnitOfWork]) -> None:
+        with self._lock:
+            for work in works:
+                self.held[work.raw] += 1
+
+    def unhold(self, work: UnitOfWork) -> None:
+        with self._lock:
+            self.held[work.raw] -= 1
+            if self.held[work.raw] <= 0:
+                del self.held[work.raw]
+
+    def free_threads(self) -> int:
+        """Threads neither running a job nor with one waiting for them."""
+        with self._lock:
+            return self.concurrency - len(self.running) - sum(self.held.values())
+
+    def forget_pending_many(self, raws: list[bytes]) -> None:
+        if not raws:
+            return
+        with self._lock:
+            for raw in raws:
+                if self.pending.get(raw) == "ack":
+                    del self.pending[raw]
 
     def forget_pending(self, raw: bytes) -> None:
         with self._lock:
@@ -230,7 +263,11 @@ class Manager:
     # -- shutdown (G8) -------------------------------------------------------
 
     def stop_fetching(self) -> None:
+        """Quiet: no new job; those fetched ahead go back to their queues."""
         self.quiet.set()
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.return_buffered()
 
     def busy(self) -> int:
         with self._lock:
@@ -249,6 +286,10 @@ class Manager:
         deadline = time.monotonic() + self.shutdown_timeout_s
         self.wait_for_processors(deadline)
         self.stopping.set()
+        fetcher = self._fetcher
+        if fetcher is not None:
+            # Acks still waiting for a fetch that will not come.
+            fetcher.flush_acks()
         running, _ = self.snapshot()
         if running:
             logger.warning("%d job(s) still running at the shutdown deadline", len(running))

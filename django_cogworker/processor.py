@@ -53,9 +53,7 @@ class Processor:
                 done = None
                 self.outage(None)
                 continue
-            if done is not None:
-                manager.forget_pending(done[0].raw)
-                done = None
+            done = None  # sent, or waiting with the fetcher for its next call
             self.recovered()
             if work is None:
                 continue

@@ -415,7 +415,7 @@ def test_set_refuses_functions_that_cannot_travel_in_a_payload():
 def test_redis_refusing_the_push_raises_enqueue_refused_naming_the_reason(cog):
     # A queue key of the wrong type: Redis answers WRONGTYPE to the LPUSH.
     cog.redis.set(cog.key("queue:default"), "not a list")
-    with pytest.raises(EnqueueRefused, match="Redis refused it .*WRONGTYPE") as caught:
+    with pytest.raises(EnqueueRefused, match=r"Redis refused it .*WRONGTYPE") as caught:
         jobs.record.delay("x")
     assert isinstance(caught.value, CogworkerError)
     assert cog.redis.get(cog.key("queue:default")) == b"not a list"

@@ -867,10 +867,10 @@ def test_g9_one_queue_waits_on_a_blocking_blmove_without_polling(cog, own_redis)
     seen = watch_fetches(cog, 3.0, lambda: jids.extend(jobs.record.delay(f"q-{i}") for i in range(5)))
     assert set(runs(cog)) == set(jids)
     kinds = Counter(kind for _, kind in seen)
-    # The fetch script runs once per job, to carry its ack (and take the next
-    # job if there is one); an empty queue is waited on with BLMOVE, 1 s at a
-    # time per thread: no polling.
-    assert kinds["fetch script"] == len(jids)
+    # The fetch script runs at most once per job, to carry acks (and take the
+    # next jobs if there are any); an empty queue is waited on with BLMOVE,
+    # 1 s at a time per thread: no polling.
+    assert 1 <= kinds["fetch script"] <= len(jids)
     assert 2 <= kinds["blmove"] <= 2 * (3 + 2)
     assert command_calls(cog.redis, "blmove") > 0
 
@@ -1213,7 +1213,9 @@ def test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues(cog):
     worker = cog.start_worker("-q", "mail", "-q", "default")
     wait_for(lambda: {n["jid"] for n in cog.notes()} == jids, 20, "the default queue's jobs to run")
     assert cog.redis.get(cog.key("queue:mail")) == b"not a list"
-    wait_for(lambda: "skipping a queue that cannot be read" in worker.log(), 10, "the broken queue to be logged")
+    wait_for(
+        lambda: "skipping a queue that cannot be read" in worker.log(), 10, "the broken queue to be logged"
+    )
     assert worker.log().count("skipping a queue that cannot be read") == 1
     worker.signal(signal.SIGTERM)
     assert worker.wait(15) == 0

@@ -1,31 +1,46 @@
--- Reliable fetch from one or several queues, acknowledging the thread's
--- previous job on the way: while a worker is busy, a job costs one round
--- trip, not two.
--- KEYS[1..n-2] = queue lists, in the order to try (strict, or a weighted
---                shuffle made by the caller); KEYS[n-1] = this process's
---                in-progress list; KEYS[n] = the orphan counter of the job
---                acknowledged (any key of ours when there is none).
--- ARGV[1] = the previous job exactly as fetched, to acknowledge ("" = none);
--- ARGV[2] = "1" if that job was ever recovered from a dead process (its
--- payload carries "orphaned"), so its orphan counter must go too.
--- Returns {index of the queue, job}; false when every queue is empty;
--- {0, "<key>: <error>"} when they are empty or broken.
--- LMOVE is atomic: the job is on exactly one of the two lists at every moment.
-local inprogress = KEYS[#KEYS - 1]
-if ARGV[1] ~= "" then
-  redis.call("LREM", inprogress, 1, ARGV[1])
-  if ARGV[2] == "1" then
-    -- It got to finish: the crashes it sat through before were not its doing.
-    redis.pcall("DEL", KEYS[#KEYS])
-  end
+-- Reliable fetch from one or several queues, acknowledging finished jobs on
+-- the way: while a worker is busy, one call acknowledges what its threads
+-- finished and takes the next jobs for its idle threads.
+-- KEYS[1..Q] = queue lists, in the order to try (strict, or a weighted
+--              shuffle made by the caller); KEYS[Q+1] = this process's
+--              in-progress list; KEYS[Q+2..] = orphan counters to delete
+--              (of acknowledged jobs that were once recovered from a dead
+--              process: their crashes were not their doing).
+-- ARGV[1] = Q; ARGV[2] = how many jobs to take at most (from the first
+-- queue that has any; a recovered job is always taken alone); ARGV[3..] =
+-- finished jobs, exactly as fetched, to acknowledge.
+-- Returns {index of the queue, job, job...}; false when every queue is
+-- empty; {0, "<key>: <error>"} when they are empty or broken.
+-- LMOVE is atomic: a job is on exactly one of the two lists at every moment.
+local nqueues = tonumber(ARGV[1])
+local inprogress = KEYS[nqueues + 1]
+for i = 3, #ARGV do
+  redis.call("LREM", inprogress, 1, ARGV[i])
+end
+for i = nqueues + 2, #KEYS do
+  redis.pcall("DEL", KEYS[i])
 end
 -- A queue key of the wrong type is skipped, not allowed to stop the others
 -- (G12); when nothing was found the caller hears of it, to log it.
 local broken = nil
-for i = 1, #KEYS - 2 do
+local want = tonumber(ARGV[2])
+for i = 1, nqueues do
   local job = redis.pcall("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
   if type(job) == "string" then
-    return {i, job}
+    local reply = {i, job}
+    -- A job once recovered from a dead process (marked "orphaned") is never
+    -- fetched ahead, nor fetched along with others: if it is a poison pill,
+    -- the jobs that would wait beside it in memory when it kills the
+    -- process must not be counted as its accomplices.
+    if string.find(job, '"orphaned":', 1, true) then
+      return reply
+    end
+    for _ = 2, want do
+      local next_job = redis.call("LINDEX", KEYS[i], -1)
+      if (not next_job) or string.find(next_job, '"orphaned":', 1, true) then break end
+      table.insert(reply, redis.call("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT"))
+    end
+    return reply
   elseif type(job) == "table" and job.err then
     broken = broken or KEYS[i] .. ": " .. job.err
   end
