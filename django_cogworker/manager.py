@@ -10,7 +10,6 @@ still runs, and put the rest of this process's list back in one call.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -127,9 +126,9 @@ class Manager:
             self._threads.append(threads.start(f"cogworker-processor-{index}", processor.run))
 
     def started(self, index: int, work: UnitOfWork) -> None:
+        # The jid is read from the payload only when someone asks (a beat, a
+        # shutdown): not on the hot path of every job.
         jid = ""
-        with contextlib.suppress(Exception):
-            jid = str(json.loads(work.raw).get("jid", ""))
         with self._lock:
             if self.held[work.raw] > 0:
                 self.held[work.raw] -= 1
@@ -202,7 +201,9 @@ class Manager:
 
     def snapshot(self) -> tuple[list[tuple[UnitOfWork, float, str]], dict[bytes, Pending]]:
         with self._lock:
-            return list(self.running.values()), dict(self.pending)
+            running = list(self.running.values())
+            pending = dict(self.pending)
+        return [(work, at, jid or _jid_of(work.raw)) for work, at, jid in running], pending
 
     def running_counter(self) -> Counter[bytes]:
         """Jobs this process runs or holds for a thread, by payload."""
