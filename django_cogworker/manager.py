@@ -72,6 +72,8 @@ class Manager:
         # Fetched ahead for the next free thread (see ReliableFetch): on our
         # list, not running yet, and not strays either.
         self.held: Counter[bytes] = Counter()
+        # Jobs recovered from a dead process run one at a time (see Processor).
+        self.suspects_running = 0
         self.pending: dict[bytes, Pending] = {}
         self.interrupted: set[bytes] = set()
         self.processed = 0
@@ -220,6 +222,18 @@ class Manager:
             self.held[work.raw] -= 1
             if self.held[work.raw] <= 0:
                 del self.held[work.raw]
+
+    def begin_suspect(self) -> bool:
+        """Claims the one slot for a job recovered from a dead process."""
+        with self._lock:
+            if self.suspects_running:
+                return False
+            self.suspects_running = 1
+            return True
+
+    def end_suspect(self) -> None:
+        with self._lock:
+            self.suspects_running = 0
 
     def free_threads(self) -> int:
         """Threads neither running a job nor with one waiting for them."""

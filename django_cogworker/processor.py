@@ -10,6 +10,7 @@ off, log once per outage, and resume: SPEC section 8).
 from __future__ import annotations
 
 import logging
+import random
 from typing import TYPE_CHECKING
 
 import redis
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_cogworker")
 
 OUTAGE_BACKOFF_MAX_S = 5.0
+
+#: How a recovered job's payload is marked by requeue.lua.
+RECOVERED_MARK = b'"orphaned":'
+#: Pause of a thread that handed back a recovered job because another one
+#: runs in this process.
+SUSPECT_RETRY_S = 0.2
 
 
 class Processor:
@@ -60,7 +67,20 @@ class Processor:
             if manager.quiet.is_set():
                 manager.give_back(work)
                 break
-            done = self.process(work)
+            suspect = RECOVERED_MARK in work.raw
+            if suspect and not manager.begin_suspect():
+                # G3: a job recovered from a dead process may be the poison
+                # pill that killed it. One at a time per process, so that
+                # when it kills this one too, no other suspect dies with it
+                # and gets counted as a poison pill in turn.
+                manager.give_back(work)
+                manager.quiet.wait(SUSPECT_RETRY_S * (0.5 + random.random()))
+                continue
+            try:
+                done = self.process(work)
+            finally:
+                if suspect:
+                    manager.end_suspect()
         if done is not None:
             manager.settle_ack(*done)
 
