@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
+from django_cogworker import registry
+from django_cogworker.errors import ProcessDied
 from django_cogworker.heartbeat import DAILY_STATS_TTL_S
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode, salvage
@@ -223,6 +225,14 @@ class Recovery:
             locks.release_all(self.client, self.keys, entry)
         except Exception as exc:
             logger.error("after burying jid=%s: %s", entry.get("jid"), exc)
+        # Its last chance is gone too: the job's on_exhausted hears of it (a
+        # Django Tasks result becomes FAILED this way).
+        job = registry.get(str(entry.get("job", "")))
+        if job is not None and job.on_exhausted is not None:
+            try:
+                job.on_exhausted(entry, ProcessDied(str(entry.get("error_message", ""))))
+            except Exception:
+                logger.exception("on_exhausted of job %s failed", entry.get("job"))
 
     # -- settlement and strays (G6, G7) ---------------------------------------
 

@@ -1219,3 +1219,22 @@ def test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues(cog):
     assert worker.log().count("skipping a queue that cannot be read") == 1
     worker.signal(signal.SIGTERM)
     assert worker.wait(15) == 0
+
+
+def test_g3_a_poison_pill_filed_in_dead_is_counted_failed_and_its_on_exhausted_called(cog):
+    from django_cogworker.conf import get_config
+    from django_cogworker.launcher import Launcher
+
+    launcher = Launcher(get_config(), identity="test-burier")
+    pill = jobs.fail_with_hook.payload(("pill",), {})
+    cog.redis.rpush(cog.key("repeat_orphans"), json.dumps(pill))
+
+    assert launcher.recovery.bury_repeat_orphans() == 1
+
+    [entry] = cog.redis.zrange(cog.key("dead"), 0, -1)
+    dead = json.loads(entry)
+    assert (dead["jid"], dead["error_class"]) == (pill["jid"], "ProcessDied")
+    assert cog.redis.llen(cog.key("repeat_orphans")) == 0
+    assert int(cog.redis.get(cog.key("stat:failed"))) == 1
+    [heard] = cog.notes("exhausted")
+    assert heard["jid"] == pill["jid"] and heard["error_class"] == "ProcessDied"
