@@ -47,6 +47,9 @@ MIN_REDIS_VERSION = (6, 2)
 
 BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
+#: How requeue.lua marks the payload of a job it recovered from a dead process.
+RECOVERED_MARK = b'"orphaned":'
+
 
 @dataclass(frozen=True)
 class UnitOfWork:
@@ -260,7 +263,7 @@ class ReliableFetch(Fetcher):
         k = self.keys
         # Only a job once recovered from a dead process has an orphan counter
         # to clear (recovery marks its payload).
-        counters = [k.orphanings(jid) for work, jid in acks if b'"orphaned":' in work.raw]
+        counters = [k.orphanings(jid) for work, jid in acks if RECOVERED_MARK in work.raw]
         found = script("fetch")(
             self.client,
             [*(k.queue(q) for q in queues), self.inprogress, *counters],

@@ -17,7 +17,7 @@ import redis
 
 from django_cogworker import execution
 from django_cogworker.errors import UnsupportedServer
-from django_cogworker.fetch import UnitOfWork
+from django_cogworker.fetch import RECOVERED_MARK, UnitOfWork
 
 if TYPE_CHECKING:
     from django_cogworker.manager import Manager
@@ -26,8 +26,6 @@ logger = logging.getLogger("django_cogworker")
 
 OUTAGE_BACKOFF_MAX_S = 5.0
 
-#: How a recovered job's payload is marked by requeue.lua.
-RECOVERED_MARK = b'"orphaned":'
 #: Pause of a thread that handed back a recovered job because another one
 #: runs in this process.
 SUSPECT_RETRY_S = 0.2
