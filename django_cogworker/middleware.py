@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
@@ -165,6 +165,8 @@ def _name(item: Any) -> str:
 
 
 _lock = threading.Lock()
+_Chain = TypeVar("_Chain", ClientChain, ServerChain)
+
 _client_chains: dict[tuple[str, ...], ClientChain] = {}
 _server_chains: dict[tuple[str, ...], ServerChain] = {}
 
@@ -189,22 +191,22 @@ def _build(paths: tuple[str, ...], base: type) -> list[Any]:
 def client_chain() -> ClientChain:
     """This process's client chain for the current settings (built once)."""
     paths = BUILTIN_CLIENT + get_config().client_middleware
-    chain = _client_chains.get(paths)
-    if chain is None:
-        with _lock:
-            chain = _client_chains.get(paths)
-            if chain is None:
-                chain = _client_chains[paths] = ClientChain(_build(paths, ClientMiddleware))
-    return chain
+    return _cached(_client_chains, paths, lambda: ClientChain(_build(paths, ClientMiddleware)))
 
 
 def server_chain() -> ServerChain:
     """This process's server chain for the current settings (built once)."""
     paths = BUILTIN_SERVER + get_config().server_middleware
-    chain = _server_chains.get(paths)
+    return _cached(_server_chains, paths, lambda: ServerChain(_build(paths, ServerMiddleware)))
+
+
+def _cached(
+    cache: dict[tuple[str, ...], _Chain], paths: tuple[str, ...], make: Callable[[], _Chain]
+) -> _Chain:
+    chain = cache.get(paths)
     if chain is None:
         with _lock:
-            chain = _server_chains.get(paths)
+            chain = cache.get(paths)
             if chain is None:
-                chain = _server_chains[paths] = ServerChain(_build(paths, ServerMiddleware))
+                chain = cache[paths] = make()
     return chain
