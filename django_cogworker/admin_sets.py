@@ -21,6 +21,7 @@ from django.contrib import messages
 from django.contrib.admin import ModelAdmin
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.text import Truncator
+from django.views.decorators.http import require_POST
 
 from django_cogworker import api
 from django_cogworker.admin_views import (
@@ -31,7 +32,6 @@ from django_cogworker.admin_views import (
     json_line,
     page_links,
     paginate,
-    post_only,
     render,
     require_change,
     require_view,
@@ -220,11 +220,9 @@ def set_list(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> Ht
     return render(request, model_admin, "set.html", ctx)
 
 
+@require_POST
 def set_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> HttpResponse:
     """Bulk action: confirm first (``post=yes`` then carries it out)."""
-    refused = post_only(request)
-    if refused:
-        return refused
     require_change(request, model_admin)
     page_def = _page_of(set_name)
     jobs = page_def.jobs()
@@ -332,10 +330,8 @@ def job_detail(request: HttpRequest, model_admin: ModelAdmin, set_name: str, rec
     return render(request, model_admin, "job.html", ctx)
 
 
+@require_POST
 def job_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str, record_id: str) -> HttpResponse:
-    refused = post_only(request)
-    if refused:
-        return refused
     require_change(request, model_admin)
     page_def = _page_of(set_name)
     back = _list_url(model_admin, page_def)

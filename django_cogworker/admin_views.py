@@ -22,10 +22,11 @@ from django.contrib import messages
 from django.contrib.admin import ModelAdmin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.timesince import timesince, timeuntil
+from django.views.decorators.http import require_POST
 
 from django_cogworker import admin_chart, api
 
@@ -71,10 +72,6 @@ def require_view(request: HttpRequest, model_admin: ModelAdmin) -> None:
 def require_change(request: HttpRequest, model_admin: ModelAdmin) -> None:
     if not model_admin.has_change_permission(request):
         raise PermissionDenied
-
-
-def post_only(request: HttpRequest) -> HttpResponse | None:
-    return None if request.method == "POST" else HttpResponseNotAllowed(["POST"])
 
 
 @dataclass(frozen=True)
@@ -321,10 +318,8 @@ def queue(request: HttpRequest, model_admin: ModelAdmin, name: str) -> HttpRespo
     return render(request, model_admin, "queue.html", ctx)
 
 
+@require_POST
 def queue_action(request: HttpRequest, model_admin: ModelAdmin, name: str) -> HttpResponse:
-    refused = post_only(request)
-    if refused:
-        return refused
     require_change(request, model_admin)
     the_queue = api.Queue(unsegment(name))
     action = request.POST.get("action")
@@ -394,10 +389,8 @@ def busy(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     return render(request, model_admin, "busy.html", ctx)
 
 
+@require_POST
 def busy_signal(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
-    refused = post_only(request)
-    if refused:
-        return refused
     require_change(request, model_admin)
     what = request.POST.get("signal", "")
     identity = request.POST.get("identity", "")
