@@ -79,7 +79,11 @@ def test_chaos_sigkill_a_random_worker_every_second(cog):
     def finished() -> bool:
         return set(Counter(n["jid"] for n in cog.notes())) >= set(jids) and leftovers(cog) == {}
 
-    wait_for(finished, 40, "every job to run and nothing to be left after the last kill")
+    try:
+        wait_for(finished, 40, "every job to run and nothing to be left after the last kill")
+    except AssertionError as exc:
+        never_ran = [jid for jid in jids if jid not in {n["jid"] for n in cog.notes()}]
+        raise AssertionError(f"{exc}; left: {leftovers(cog)}; never ran: {never_ran[:10]}") from None
     recovered_s = time.monotonic() - last_kill
     # Every killed worker is forgotten: only the survivors are registered.
     survivors = {worker.identity() for worker in workers}
