@@ -1,37 +1,102 @@
-"""``--processes N``: a supervisor of N worker processes.
+"""``--processes N``: a supervisor of N worker processes (G20).
 
-Each child is a full ``cogworker`` command with its own identity. A child
-that dies is restarted (after a short pause, so a crash loop does not spin);
-TERM/INT/TSTP/TTIN are forwarded to every child, and the supervisor exits
-once every child has.
+Duties of the supervisor: start N children, each a full ``cogworker``
+command with its own identity; replace a child that dies (after
+``RESTART_PAUSE_S``, so a crash loop does not spin), unless it is stopping
+or quiet; on TERM/INT send SIGTERM to every child alive while it stops, the
+ones spawned in a race included, and exit 0 once every child has exited;
+SIGKILL a child still alive ``KILL_MARGIN_S`` after its ``SHUTDOWN_TIMEOUT``
+(orphan recovery then returns its jobs); forward TSTP/TTIN to every live
+child.
+
+The signal handlers only record the signal. The main loop does all the
+work and never sleeps blindly: it waits on the wakeup fd of the signal
+module (TERM, INT, TSTP, TTIN and CHLD all write to it), so it wakes at
+once for a signal or a child's death. That closes the race in which a stop
+arriving during the restart pause spawned a child that never got SIGTERM.
+
+Duty of the child side (``watch_supervisor``): stop gracefully when the
+supervisor is gone, even SIGKILLed. The supervisor holds the write end of
+one pipe, never written to; every child gets the read end, and a thread of
+the child blocks reading it. When the supervisor dies, the kernel closes
+the write end and the read returns EOF. On Linux, ``PR_SET_PDEATHSIG`` sends
+the child SIGTERM as well, a second line of defence.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import ctypes
 import logging
 import os
+import select
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django_cogworker import threads
+from django_cogworker.launcher import BACKGROUND_STOP_TIMEOUT_S
 
 logger = logging.getLogger("django_cogworker")
 
+#: How long after a child died before it is replaced, so that a child that
+#: crashes at boot does not spin.
 RESTART_PAUSE_S = 1.0
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGTSTP, signal.SIGTTIN)
+
+#: How long after SHUTDOWN_TIMEOUT a child that was sent SIGTERM may take to
+#: exit before it is SIGKILLed: its stop waits up to BACKGROUND_STOP_TIMEOUT_S
+#: for its background threads after the running jobs, then deregisters.
+KILL_MARGIN_S = BACKGROUND_STOP_TIMEOUT_S + 5.0
+
+#: The longest the main loop waits without looking at its children: a safety
+#: net only, as signals and child deaths wake it at once.
+MAX_WAIT_S = 1.0
+
+#: Environment variables that give a child the read end of the supervisor's
+#: pipe and the supervisor's pid.
+SUPERVISOR_FD_ENV = "COGWORKER_SUPERVISOR_FD"
+SUPERVISOR_PID_ENV = "COGWORKER_SUPERVISOR_PID"
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FORWARDED = (signal.SIGTSTP, signal.SIGTTIN)
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@dataclass
+class Child:
+    index: int
+    proc: subprocess.Popen[bytes]
+    #: Monotonic time at which it was sent SIGTERM, if it was.
+    terminated_at: float | None = None
+    killed: bool = False
 
 
 class Supervisor:
-    def __init__(self, processes: int, child_args: list[str]) -> None:
+    def __init__(self, processes: int, child_args: list[str], shutdown_timeout_s: float) -> None:
         self.processes = processes
         self.child_args = child_args
-        self.children: list[subprocess.Popen[bytes] | None] = [None] * processes
+        self.kill_after_s = shutdown_timeout_s + KILL_MARGIN_S
+        self.children: list[Child | None] = [None] * processes
+        #: Slot index -> monotonic time at which to (re)start its child.
+        self.start_at: dict[int, float] = {}
+        self.received: collections.deque[int] = collections.deque()
         self.stopping = False
+        self.quiet = False
+        self.prctl = _load_prctl()
+
+    # -- children ------------------------------------------------------------------
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "django", "cogworker", *self.child_args]
 
-    def env(self) -> dict[str, str]:
+    def env(self, watch_fd: int) -> dict[str, str]:
         env = dict(os.environ)
         # Children start with `python -m django`: give them the importable
         # path the parent had (the project root of manage.py).
@@ -40,40 +105,217 @@ class Supervisor:
             dict.fromkeys([*paths, *env.get("PYTHONPATH", "").split(os.pathsep)])
         )
         env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
+        env[SUPERVISOR_FD_ENV] = str(watch_fd)
+        env[SUPERVISOR_PID_ENV] = str(os.getpid())
         return env
 
-    def spawn(self, index: int) -> None:
-        child = subprocess.Popen(self.command(), env=self.env())
-        self.children[index] = child
-        logger.info("supervisor: started worker %d (pid %d)", index, child.pid)
+    def spawn(self, index: int, watch_fd: int) -> None:
+        try:
+            # close_fds (the default) and os.pipe's non-inheritable fds: a
+            # child gets the read end only. A child holding the write end
+            # would keep the pipe open after the supervisor died.
+            proc = subprocess.Popen(
+                self.command(), env=self.env(watch_fd), pass_fds=(watch_fd,), preexec_fn=self.prepare_child
+            )
+        except OSError as exc:
+            logger.error("supervisor: could not start worker %d (%s); retrying", index, exc)
+            self.start_at[index] = time.monotonic() + RESTART_PAUSE_S
+            return
+        self.children[index] = Child(index, proc)
+        logger.info("supervisor: started worker %d (pid %d)", index, proc.pid)
 
-    def forward(self, signum: int, _frame: object) -> None:
-        if signum in (signal.SIGTERM, signal.SIGINT):
-            self.stopping = True
-        for child in self.children:
-            if child is not None and child.poll() is None:
-                child.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+    def prepare_child(self) -> None:
+        """Runs in the child between fork and exec."""
+        # Until the child installs its own handlers, TSTP and TTIN would
+        # suspend it, and a suspended child ignores the SIGTERM of a stop.
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_IGN)
+        if self.prctl is not None:
+            self.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+    def live(self) -> list[Child]:
+        return [child for child in self.children if child is not None]
+
+    # -- the main loop ---------------------------------------------------------------
 
     def run(self) -> int:
-        for signum in FORWARDED:
-            signal.signal(signum, self.forward)
-        for index in range(self.processes):
-            self.spawn(index)
-        while True:
-            alive = 0
-            for index, child in enumerate(self.children):
-                if child is None:
-                    continue
-                code = child.poll()
-                if code is None:
-                    alive += 1
-                elif not self.stopping:
-                    logger.warning(
-                        "supervisor: worker %d (pid %d) exited with %s; restarting", index, child.pid, code
-                    )
-                    time.sleep(RESTART_PAUSE_S)
-                    self.spawn(index)
-                    alive += 1
-            if self.stopping and alive == 0:
-                return 0
-            time.sleep(0.2)
+        watch_r, watch_w = os.pipe()  # the write end is never written to: see watch_supervisor
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signals = (*STOP_SIGNALS, *FORWARDED, signal.SIGCHLD)
+        previous = {signum: signal.signal(signum, self.record) for signum in signals}
+        previous_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            now = time.monotonic()
+            self.start_at = dict.fromkeys(range(self.processes), now)
+            while True:
+                self.take_signals()
+                self.reap()
+                if self.stopping:
+                    self.terminate()
+                    self.kill_overdue()
+                    if not self.live():
+                        logger.info("supervisor: every worker has exited")
+                        return 0
+                else:
+                    self.start_due(watch_r)
+                self.wait(wake_r)
+        finally:
+            signal.set_wakeup_fd(previous_wakeup)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            for fd in (watch_r, watch_w, wake_r, wake_w):
+                os.close(fd)
+
+    def record(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+
+    def take_signals(self) -> None:
+        while self.received:
+            signum = self.received.popleft()
+            if signum in STOP_SIGNALS:
+                if not self.stopping:
+                    logger.info("supervisor: %s; stopping every worker", signal.Signals(signum).name)
+                    self.stopping = True
+                    self.start_at.clear()
+            elif signum in FORWARDED:
+                if signum == signal.SIGTSTP:
+                    # A child started from now on would fetch again.
+                    self.quiet = True
+                    self.start_at.clear()
+                for child in self.live():
+                    self.send(child, signum)
+
+    def reap(self) -> None:
+        now = time.monotonic()
+        for child in self.live():
+            code = child.proc.poll()
+            if code is None:
+                continue
+            self.children[child.index] = None
+            name = f"worker {child.index} (pid {child.proc.pid})"
+            # A child killed by our own SIGTERM was still booting, before
+            # its handlers: that is a clean stop too, not a crash.
+            clean = code == 0 or (child.terminated_at is not None and code == -signal.SIGTERM)
+            if child.killed:
+                logger.warning("supervisor: %s was killed", name)
+            elif self.stopping and clean:
+                logger.info("supervisor: %s stopped", name)
+            elif self.stopping:
+                logger.warning("supervisor: %s %s during the stop", name, describe(code))
+            elif self.quiet:
+                logger.warning("supervisor: %s %s; not restarting it: quiet", name, describe(code))
+            else:
+                log = logger.info if code == 0 else logger.warning
+                log("supervisor: %s %s; restarting it in %.0fs", name, describe(code), RESTART_PAUSE_S)
+                self.start_at[child.index] = now + RESTART_PAUSE_S
+
+    def start_due(self, watch_fd: int) -> None:
+        now = time.monotonic()
+        for index, when in sorted(self.start_at.items()):
+            # A stop that arrived since take_signals: spawn nothing more.
+            if when <= now and not self.received:
+                del self.start_at[index]
+                self.spawn(index, watch_fd)
+
+    def terminate(self) -> None:
+        for child in self.live():
+            if child.terminated_at is None:
+                self.send(child, signal.SIGTERM)
+                # A child suspended (SIGSTOP, a debugger) would not act on
+                # SIGTERM until it is continued.
+                self.send(child, signal.SIGCONT)
+                child.terminated_at = time.monotonic()
+
+    def kill_overdue(self) -> None:
+        now = time.monotonic()
+        for child in self.live():
+            if child.terminated_at is None or child.killed:
+                continue
+            if now - child.terminated_at >= self.kill_after_s:
+                logger.error(
+                    "supervisor: worker %d (pid %d) still running %.0fs after SIGTERM; killing it "
+                    "(orphan recovery will return its jobs)",
+                    child.index,
+                    child.proc.pid,
+                    now - child.terminated_at,
+                )
+                self.send(child, signal.SIGKILL)
+                child.killed = True
+
+    def send(self, child: Child, signum: int) -> None:
+        # Popen.send_signal does nothing once the child has been reaped, so
+        # a recycled pid is never signalled.
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.send_signal(signum)
+
+    def wait(self, wake_fd: int) -> None:
+        """Until a signal, a child's death, or the next deadline."""
+        now = time.monotonic()
+        deadlines = list(self.start_at.values())
+        deadlines += [c.terminated_at + self.kill_after_s for c in self.live() if c.terminated_at is not None]
+        timeout = min([MAX_WAIT_S, *(d - now for d in deadlines)])
+        if self.received:
+            timeout = 0.0
+        select.select([wake_fd], [], [], max(0.0, timeout))
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_fd, 512):
+                pass
+
+
+def describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _load_prctl() -> Callable[[int, int], int] | None:
+    """libc's prctl on Linux, loaded before any fork (not in preexec_fn)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl: Callable[[int, int], int] = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+# -- the child side ----------------------------------------------------------------
+
+
+def watch_supervisor(
+    on_gone: Callable[[], None], on_crash: Callable[[str], None] | None = None
+) -> threading.Thread | None:
+    """In a child of a supervisor: call ``on_gone`` once the supervisor has
+    died, however it died. Returns the watching thread, or None when this
+    process has no supervisor."""
+    value = os.environ.pop(SUPERVISOR_FD_ENV, None)
+    # Popped, not read: a subprocess a job starts is no child of the supervisor.
+    pid = os.environ.pop(SUPERVISOR_PID_ENV, "?")
+    if value is None:
+        return None
+    try:
+        fd = int(value)
+        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except (ValueError, OSError):
+        is_pipe = False
+    if not is_pipe:
+        logger.error("%s=%r is not a pipe; cannot watch the supervisor", SUPERVISOR_FD_ENV, value)
+        return None
+    os.set_inheritable(fd, False)
+
+    def watch() -> None:
+        # Nothing is ever written: the read returns only at EOF, when the
+        # last write end (the supervisor's) is closed.
+        while os.read(fd, 512):
+            pass
+        os.close(fd)
+        logger.warning("supervisor (pid %s) is gone; stopping", pid)
+        on_gone()
+
+    return threads.start("cogworker-supervisor-watch", watch, on_crash)

@@ -44,8 +44,11 @@ class Command(BaseCommand):
         if processes > 1:
             from django_cogworker.supervisor import Supervisor
 
-            child = [a for a in self.child_args(sys.argv)]
-            sys.exit(Supervisor(processes, child).run())
+            child = self.child_args(sys.argv)
+            timeout_s = options["shutdown_timeout"]
+            if timeout_s is None:
+                timeout_s = get_config().shutdown_timeout_s
+            sys.exit(Supervisor(processes, child, timeout_s).run())
         self.run_one(options)
 
     @staticmethod
