@@ -2,8 +2,8 @@
 
 Duties: register the placeholder ``Job`` model, so that the app has an entry
 in the admin index and Django's own permissions; route its URLs to the
-pages (``admin_views``: dashboard, queues, busy, periodic; ``admin_sets``:
-scheduled, retries, dead, unsettled), each through
+pages (``admin_views``: dashboard, queues, busy and a job running now,
+periodic; ``admin_sets``: scheduled, retries, dead, unsettled), each through
 ``admin_site.admin_view()``, which asks for an active staff login, protects
 every POST with CSRF and keeps pages out of caches. Seeing a page takes the
 view (or change) permission; every change takes the change permission and a
@@ -70,6 +70,11 @@ class JobAdmin(admin.ModelAdmin):
             ),
             path("busy/", page(admin_views.busy), name="django_cogworker_busy"),
             path("busy/signal/", page(admin_views.busy_signal), name="django_cogworker_busy_signal"),
+            re_path(
+                r"^busy/(?P<identity>[^/]+)/job/(?P<jid>[^/]+)/$",
+                page(admin_views.running_job),
+                name="django_cogworker_running_job",
+            ),
             path("periodic/", page(admin_views.periodic), name="django_cogworker_periodic"),
             re_path(rf"^(?P<set_name>{SET_NAMES})/$", page(admin_sets.set_list), name="django_cogworker_set"),
             re_path(

@@ -12,7 +12,6 @@ never comes whole into Python to show 25.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -28,8 +27,9 @@ from django_cogworker.admin_views import (
     PER_PAGE,
     When,
     admin_url,
+    args_text,
     context,
-    json_line,
+    job_details,
     page_links,
     paginate,
     render,
@@ -154,6 +154,8 @@ class JobRow:
 
 
 def _error_line(record: api.JobRecord) -> str:
+    if record.unreadable:
+        return f"Unreadable: {record.unreadable}"
     if not record.error_class and not record.error_message:
         return ""
     return f"{record.error_class or 'Error'}: {record.error_message or ''}"
@@ -164,7 +166,7 @@ def _row(model_admin: ModelAdmin, page: SetPage, record: api.JobRecord) -> JobRo
         record=record,
         url=admin_url(model_admin, "job", page.slug, segment(record.id)),
         when=When.of(record.score),
-        args=json_line(record.args, record.kwargs),
+        args=args_text(record),
         error=_error_line(record),
     )
 
@@ -282,16 +284,6 @@ def set_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> 
 # -- one job ---------------------------------------------------------------------
 
 
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-
-
-def _backtrace(value: Any) -> str:
-    if isinstance(value, list):
-        return "\n".join(str(line).rstrip("\n") for line in value)
-    return "" if value is None else str(value)
-
-
 def job_detail(request: HttpRequest, model_admin: ModelAdmin, set_name: str, record_id: str) -> HttpResponse:
     require_view(request, model_admin)
     page_def = _page_of(set_name)
@@ -315,17 +307,12 @@ def job_detail(request: HttpRequest, model_admin: ModelAdmin, set_name: str, rec
         tab=page_def.slug,
         crumbs=[(Truncator(record.jid).chars(40), None)],
         set_page=page_def,
-        record=record,
         times=[(label, w) for label, w in times if w is not None],
-        args_json=_pretty(record.args),
-        kwargs_json=_pretty(record.kwargs),
-        backtrace=_backtrace(record.error_backtrace),
-        payload_json=_pretty(record.payload),
-        raw=record.raw,
         target_set=record.target_set,
         actions=[(a, ACTION_LABELS[a]) for a in page_def.actions],
         action_url=admin_url(model_admin, "job_action", page_def.slug, segment(record.id)),
         list_url=_list_url(model_admin, page_def),
+        **job_details(record),
     )
     return render(request, model_admin, "job.html", ctx)
 

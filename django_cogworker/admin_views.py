@@ -1,6 +1,7 @@
-"""Admin pages: the dashboard, queues, busy processes and periodic entries,
-and what every jobs page shares (context, permissions, pagination, how
-times and sizes read).
+"""Admin pages: the dashboard, queues, busy processes (and the page of a job
+running now) and periodic entries, and what every jobs page shares
+(context, permissions, pagination, how times, sizes and a job's details
+read).
 
 Every page reads Redis through ``django_cogworker.api`` only. Seeing a page
 takes the view permission; every change takes the change permission and a
@@ -25,6 +26,7 @@ from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.text import Truncator
 from django.utils.timesince import timesince, timeuntil
 from django.views.decorators.http import require_POST
 
@@ -40,6 +42,9 @@ HISTORY_DAYS = (7, 30, 90)
 REFRESH_CHOICES_S = (2, 5, 10, 30, 60)
 
 TEMPLATES = "django_cogworker/admin/"
+
+#: Characters of an unreadable payload's raw text shown in a list.
+UNREADABLE_PREVIEW_CHARS = 200
 
 
 # -- shared ---------------------------------------------------------------------
@@ -144,6 +149,14 @@ def paginate(request: HttpRequest, fetch: Callable[[int, int], tuple[int, list[A
         number = last
         count, items = fetch((number - 1) * PER_PAGE, PER_PAGE)
     return Paginator(_OnePage(count, items), PER_PAGE).page(number)
+
+
+def args_text(record: api.JobRecord) -> str:
+    """A stored job's arguments on one line, or, when its payload cannot be
+    read, the start of its raw text (shown as malformed, not a 500)."""
+    if record.unreadable:
+        return record.raw[:UNREADABLE_PREVIEW_CHARS]
+    return json_line(record.args, record.kwargs)
 
 
 def page_links(page: Page) -> list[int | str]:
@@ -299,7 +312,7 @@ def queue(request: HttpRequest, model_admin: ModelAdmin, name: str) -> HttpRespo
     require_view(request, model_admin)
     the_queue = api.Queue(unsegment(name))
     page = paginate(request, lambda offset, limit: (the_queue.size, the_queue.page(offset, limit)))
-    rows = [QueuedRow(r, json_line(r.args, r.kwargs), When.of(r.enqueued_at)) for r in page.object_list]
+    rows = [QueuedRow(r, args_text(r), When.of(r.enqueued_at)) for r in page.object_list]
     ctx = context(
         request,
         model_admin,
@@ -363,6 +376,13 @@ class RunningRow:
     args: str
     started: When | None
     running_for: str
+    url: str | None  # its page, when its jid could be read
+
+
+def running_url(model_admin: ModelAdmin, job: api.RunningJob) -> str | None:
+    if not job.jid or job.unreadable:
+        return None
+    return admin_url(model_admin, "running_job", segment(job.identity), segment(job.jid))
 
 
 def busy(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
@@ -370,9 +390,10 @@ def busy(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     running = [
         RunningRow(
             j,
-            json_line(j.payload.get("args", []), j.payload.get("kwargs", {})),
+            j.args_preview,
             When.of(j.run_at),
             duration_text(j.running_for_s),
+            running_url(model_admin, j),
         )
         for j in api.Workers().all()
     ]
@@ -387,6 +408,34 @@ def busy(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     )
     ctx["process_rows"] = process_rows(ctx["processes"])
     return render(request, model_admin, "busy.html", ctx)
+
+
+def running_job(request: HttpRequest, model_admin: ModelAdmin, identity: str, jid: str) -> HttpResponse:
+    """A job running now, whole, from its process's in-progress list (the
+    busy page has only the summary its heartbeat records). No actions: the
+    job is its process's alone while it runs (G2)."""
+    require_view(request, model_admin)
+    identity, jid = unsegment(identity), unsegment(jid)
+    record = api.InProgress(identity).find(jid)
+    if record is None:
+        messages.warning(
+            request, f"Job {jid} is no longer running on {identity}: it finished, or was put back."
+        )
+        return HttpResponseRedirect(admin_url(model_admin, "busy"))
+    times = [("Created", When.of(record.created_at)), ("Enqueued", When.of(record.enqueued_at))]
+    short_jid = Truncator(record.jid).chars(40)
+    ctx = context(
+        request,
+        model_admin,
+        title=f"Running job {short_jid}",
+        tab="busy",
+        crumbs=[(short_jid, None)],
+        times=[(label, w) for label, w in times if w is not None],
+        running_on=identity,
+        actions=[],
+        **job_details(record),
+    )
+    return render(request, model_admin, "job.html", ctx)
 
 
 @require_POST
@@ -475,11 +524,40 @@ def periodic(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
 # -- formatting --------------------------------------------------------------------
 
 
+def job_details(record: api.JobRecord) -> dict[str, Any]:
+    """What the job page (``job.html``) shows of a stored job, whichever
+    list or set holds it."""
+    return {
+        "record": record,
+        "args_json": pretty_json(record.args),
+        "kwargs_json": pretty_json(record.kwargs),
+        "backtrace": backtrace_text(record.error_backtrace),
+        "payload_json": pretty_json(record.payload),
+        "raw": record.raw,
+    }
+
+
+def pretty_json(value: Any) -> str:
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError) as exc:
+        return f"(cannot be shown: {type(exc).__name__})"
+
+
+def backtrace_text(value: Any) -> str:
+    if isinstance(value, list):
+        return "\n".join(str(line).rstrip("\n") for line in value)
+    return "" if value is None else str(value)
+
+
 def json_line(args: Any, kwargs: Any) -> str:
     """Arguments on one line, as a call reads: ``1, "x", template="y"``."""
 
     def one(value: Any) -> str:
-        return json.dumps(value, ensure_ascii=False, default=str)
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError) as exc:
+            return f"(cannot be shown: {type(exc).__name__})"
 
     parts = [one(a) for a in args] if isinstance(args, list) else [one(args)]
     if isinstance(kwargs, dict):

@@ -2,13 +2,17 @@
 
 ``Queue``, ``ScheduledSet``, ``RetrySet``, ``DeadSet``, ``UnsettledSet``,
 ``JobRecord`` (with ``retry()``, ``delete()``, ``kill()``), ``ProcessSet``,
-``Workers``, ``Stats`` and ``PeriodicEntries``. No view builds a key or runs a Redis command
-itself. Every move is one script that writes before it removes and does
-nothing if someone else moved the entry first.
+``Workers``, ``InProgress``, ``Stats`` and ``PeriodicEntries``. No view
+builds a key or runs a Redis command itself. Every move is one script that
+writes before it removes and does nothing if someone else moved the entry
+first. Whatever Redis holds is read through ``payload.parse``: an entry
+that cannot be read (not JSON, nested thousands deep) is shown as
+unreadable, never an exception (SPEC section 8).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import itertools
@@ -23,7 +27,8 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.payload import Payload, encode, text
+from django_cogworker.errors import BadPayload
+from django_cogworker.payload import Payload, args_preview, encode, parse, text
 from django_cogworker.scripts import script
 
 PAGE_SIZE = 25
@@ -57,12 +62,32 @@ def _glob_literal(value: str, *, fold_case: bool = False) -> str:
     return "".join(parts)
 
 
-def _loads(raw: bytes) -> Payload | None:
+def _loads(raw: bytes | str) -> Payload | None:
+    """The JSON object stored, or None when it is not one or cannot be read."""
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        value = parse(raw)
+    except BadPayload:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _json_field(raw: str, default: Any) -> Any:
+    """A JSON field of a process hash, or ``default`` when it is unreadable
+    or of another type than ``default``."""
+    try:
+        value = parse(raw)
+    except BadPayload:
+        return default
+    return value if isinstance(value, type(default)) else default
+
+
+def _number(raw: Any, kind: type[int] | type[float]) -> Any:
+    """A number field of a process hash; 0 when malformed (shown, not a 500)."""
+    try:
+        value = kind(raw or 0)
+    except (TypeError, ValueError, OverflowError):
+        return kind(0)
+    return value if math.isfinite(value) else kind(0)
 
 
 def _string_field(field: str) -> re.Pattern[bytes]:
@@ -123,11 +148,22 @@ class JobRecord:
     ) -> None:
         self._raw = raw  # the entry exactly as stored (needed to move it)
         self.source = source  # the Redis key it is in
-        self.kind = kind  # "queue", "zset" or "unsettled"
+        self.kind = kind  # "queue", "zset", "unsettled", or "inprogress" (running: no actions)
         self.score = score
         self.target_set = target_set  # unsettled: where it should be filed
         self.payload_raw = payload_raw if payload_raw is not None else raw
-        self.payload: Payload = _loads(self.payload_raw) or {"raw": text(self.payload_raw)}
+        #: Why the payload cannot be read ("" when it can); then ``payload``
+        #: is ``{"raw": <its text>}``.
+        self.unreadable = ""
+        value: Any = None
+        try:
+            value = parse(self.payload_raw)
+        except BadPayload as exc:
+            self.unreadable = f"payload is {exc}"
+        else:
+            if not isinstance(value, dict):
+                self.unreadable = f"payload is a JSON {type(value).__name__}, not an object"
+        self.payload: Payload = value if isinstance(value, dict) else {"raw": text(self.payload_raw)}
 
     def __repr__(self) -> str:
         return f"<JobRecord {self.jid} {self.name} in {self.source}>"
@@ -198,7 +234,7 @@ class JobRecord:
         )
 
     def _retry_call(self) -> tuple[list[str], list[str | bytes]] | None:
-        if self.kind == "queue":
+        if self.kind in ("queue", "inprogress"):
             return None
         payload = dict(self.payload)
         queue = (
@@ -212,7 +248,7 @@ class JobRecord:
 
     def _kill_call(self) -> tuple[list[str], list[str | bytes]] | None:
         k = get_keys()
-        if self.kind == "zset" and self.source == k.dead:
+        if self.kind == "inprogress" or (self.kind == "zset" and self.source == k.dead):
             return None
         payload = dict(self.payload)
         payload.setdefault("error_class", "Killed")
@@ -226,6 +262,8 @@ class JobRecord:
     def _queue_action(self, pipe: Any, action: str) -> bool:
         """Adds ``action`` on this entry to a pipeline; False if it does not apply."""
         if action == "delete":
+            if self.kind == "inprogress":
+                return False
             if self.kind == "zset":
                 pipe.zrem(self.source, self._raw)
             else:
@@ -249,6 +287,8 @@ class JobRecord:
 
     def delete(self) -> bool:
         client = get_redis()
+        if self.kind == "inprogress":
+            return False  # running: G2 gives it to its process alone
         if self.kind == "zset":
             return bool(client.zrem(self.source, self._raw))
         return bool(client.lrem(self.source, 1, self._raw))
@@ -632,17 +672,17 @@ class ProcessSet:
                 ProcessRecord(
                     identity=identity,
                     hostname=h.get("hostname", ""),
-                    pid=int(h.get("pid", 0) or 0),
+                    pid=_number(h.get("pid"), int),
                     tag=h.get("tag", ""),
-                    concurrency=int(h.get("concurrency", 0) or 0),
-                    busy=int(h.get("busy", 0) or 0),
-                    queues=json.loads(h.get("queues", "[]") or "[]"),
+                    concurrency=_number(h.get("concurrency"), int),
+                    busy=_number(h.get("busy"), int),
+                    queues=[str(q) for q in _json_field(h.get("queues", "[]"), [])],
                     quiet=h.get("quiet") == "1",
-                    started_at=float(h.get("started_at", 0) or 0),
-                    last_beat=float(h.get("beat", 0) or 0),
-                    rss_kb=int(h.get("rss_kb", 0) or 0),
+                    started_at=_number(h.get("started_at"), float),
+                    last_beat=_number(h.get("beat"), float),
+                    rss_kb=_number(h.get("rss_kb"), int),
                     fetch=h.get("fetch", ""),
-                    recovery=json.loads(h.get("recovery", "{}") or "{}"),
+                    recovery=_json_field(h.get("recovery", "{}"), {}),
                 )
             )
         return records
@@ -665,24 +705,82 @@ class ProcessSet:
     @staticmethod
     def last_recovery() -> dict[str, Any]:
         raw = get_redis().get(get_keys().recovery_report)
-        return json.loads(raw) if raw else {}
+        return (_loads(raw) or {}) if raw else {}
 
 
 @dataclass
 class RunningJob:
+    """A job running now, as its process's last beat summarised it (the
+    ``N:workers`` record: a bounded summary, not the payload)."""
+
     identity: str
     jid: str
     queue: str
     run_at: float
-    payload: Payload
+    name: str = ""
+    #: The arguments on one line, cut at ``payload.ARGS_PREVIEW_CHARS``.
+    args_preview: str = ""
+    thread: int | None = None
+    retry_count: int | None = None
+    #: Why its payload cannot be read ("" when it can).
+    unreadable: str = ""
+    _payload: Payload | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, identity: str, jid: str, record: bytes) -> RunningJob:
+        info = _loads(record)
+        if info is None:
+            return cls(identity, jid, "", 0.0, unreadable="its record in Redis is unreadable")
+        retry_count = info.get("retry_count")
+        common: dict[str, Any] = {
+            "identity": identity,
+            "jid": jid,
+            "queue": str(info.get("queue") or ""),
+            "run_at": _number(info.get("run_at"), float),
+            "thread": info["thread"] if type(info.get("thread")) is int else None,
+        }
+        if "payload" in info:
+            # The shape written before summaries, by a process not yet
+            # upgraded: the whole payload.
+            payload = _loads(str(info["payload"])) or {}
+            retry_count = payload.get("retry_count")
+            return cls(
+                **common,
+                name=str(payload.get("job") or ""),
+                args_preview=args_preview(_list(payload.get("args")), _dict(payload.get("kwargs"))),
+                retry_count=retry_count if type(retry_count) is int else None,
+                unreadable="" if payload else "payload is not a readable JSON object",
+                _payload=payload,
+            )
+        return cls(
+            **common,
+            name=str(info.get("job") or ""),
+            args_preview=str(info.get("args_preview") or ""),
+            retry_count=retry_count if type(retry_count) is int else None,
+            unreadable=str(info.get("unreadable") or ""),
+        )
 
     @property
-    def name(self) -> str:
-        return str(self.payload.get("job", ""))
+    def payload(self) -> Payload:
+        """The whole payload, read from the process's in-progress list when
+        first asked for ({} once the job is no longer there, or under basic
+        fetch, which keeps no such list)."""
+        if self._payload is None:
+            record = InProgress(self.identity).find(self.jid) if self.jid else None
+            self._payload = dict(record.payload) if record is not None and not record.unreadable else {}
+        return self._payload
 
     @property
     def running_for_s(self) -> float:
         return max(0.0, time.time() - self.run_at)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 class Workers:
@@ -700,22 +798,46 @@ class Workers:
         jobs = []
         for identity, entries in zip(identities, pipe.execute(), strict=True):
             for jid, record in (entries or {}).items():
-                info = _loads(record) or {}
-                payload = _loads(str(info.get("payload", "")).encode()) or {}
-                jobs.append(
-                    RunningJob(
-                        identity,
-                        jid.decode(),
-                        str(info.get("queue", "")),
-                        float(info.get("run_at", 0) or 0),
-                        payload,
-                    )
-                )
+                jobs.append(RunningJob.of(identity, jid.decode("utf-8", "replace"), record))
         return sorted(jobs, key=lambda j: j.run_at)
 
     @property
     def size(self) -> int:
         return len(self.all())
+
+
+class InProgress:
+    """One process's in-progress list (``N:inprogress:<identity>``): the jobs
+    it fetched and has not finished, about ``CONCURRENCY`` of them. Read
+    only: a job there is its process's alone (G2), so its records offer no
+    action."""
+
+    def __init__(self, identity: str) -> None:
+        self.identity = identity
+        self.key = get_keys().inprogress(identity)
+
+    def __repr__(self) -> str:
+        return f"<InProgress {self.identity}>"
+
+    @property
+    def size(self) -> int:
+        return int(get_redis().llen(self.key))
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        for raw in get_redis().lrange(self.key, 0, -1):
+            yield JobRecord(raw, source=self.key, kind="inprogress")
+
+    def find(self, jid: str) -> JobRecord | None:
+        """The job with this jid, or None (finished, or never here)."""
+        for raw in get_redis().lrange(self.key, 0, -1):
+            # Most entries are settled from the bytes: a large payload is
+            # parsed only when it is likely the one.
+            if _field_text(raw, "jid") not in (None, jid):
+                continue
+            record = JobRecord(raw, source=self.key, kind="inprogress")
+            if record.jid == jid:
+                return record
+        return None
 
 
 class Stats:

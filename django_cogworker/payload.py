@@ -4,20 +4,53 @@ JSON only, never pickle. A payload carries at least ``jid``, ``job``,
 ``args``, ``kwargs``, ``queue``, ``retry``, ``created_at`` and
 ``enqueued_at``; a failure adds ``retry_count``, ``error_class``,
 ``error_message``, ``error_backtrace``, ``failed_at`` and ``retried_at``.
+
+Everything read from Redis is untrusted text: :func:`parse` is the one
+place it becomes Python values, and it fails only with :class:`BadPayload`
+(never RecursionError), so every reader can treat it as unreadable (G13).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_cogworker.errors import BadPayload
 
 Payload = dict[str, Any]
 
+#: The deepest nesting of lists and objects a payload may have, counting the
+#: payload object itself. Python's json gives up (RecursionError) near its
+#: recursion limit, 1,000 less the caller's own stack, and Redis's cjson at
+#: 1,000 levels: under this bound a worker, an admin page rendering in a deep
+#: view stack and a Lua script all read a payload alike, and re-encoding one
+#: that was read never fails. ``.delay()`` refuses deeper arguments; a worker
+#: files a deeper payload in dead as unreadable (G13).
+MAX_DEPTH = 500
+
+#: An argument sits two levels down in its payload (the object, then its
+#: ``args`` list or ``kwargs`` object).
+MAX_ARGUMENT_DEPTH = MAX_DEPTH - 2
+
+#: Characters of a job's arguments kept in a :func:`summary` (what a
+#: heartbeat records for each running job; the busy page shows it).
+ARGS_PREVIEW_CHARS = 200
+
+#: Characters kept of each text field (jid, job name, queue) of a summary.
+SUMMARY_FIELD_CHARS = 200
+
+#: Ends a preview or field that was cut short.
+ELLIPSIS = "…"
+
+TOO_DEEP = f"nested too deeply to read (more than {MAX_DEPTH} levels of lists and objects)"
+
 _encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+# For people: whatever a payload holds (NaN included) can be shown.
+_preview_encoder = json.JSONEncoder(ensure_ascii=False, default=repr)
 
 
 def new_jid() -> str:
@@ -29,7 +62,8 @@ def encode(payload: Payload) -> bytes:
 
 
 def check_arguments(job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-    """Raises TypeError naming the first argument that JSON cannot carry."""
+    """Raises TypeError naming the first argument that JSON cannot carry, or
+    that is nested deeper than ``MAX_ARGUMENT_DEPTH``."""
     for index, value in enumerate(args):
         _check_one(job_name, f"positional argument {index}", value)
     for key, value in kwargs.items():
@@ -38,20 +72,76 @@ def check_arguments(job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) 
 
 def _check_one(job_name: str, what: str, value: Any) -> None:
     try:
-        _encoder.encode(value)
+        encoded = _encoder.encode(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"{what} of job {job_name!r} is not JSON-serialisable ({type(value).__name__}: {exc}); "
             "pass plain JSON values (str, int, float, bool, None, list, dict), such as a model's pk"
         ) from None
+    except RecursionError:
+        too_deep = True
+    else:
+        too_deep = _brackets(encoded) > MAX_ARGUMENT_DEPTH and _deeper_than(value, MAX_ARGUMENT_DEPTH)
+    if too_deep:
+        raise TypeError(
+            f"{what} of job {job_name!r} is nested too deeply ({MAX_ARGUMENT_DEPTH} levels of lists and "
+            "objects at most, so that every worker can read it); pass a flatter value"
+        ) from None
+
+
+def _brackets(data: bytes | str) -> int:
+    """How many lists and objects the JSON text may open: a bound of its
+    depth that costs no parsing (brackets inside strings count too)."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists (tuples) and dicts nest more than ``limit`` levels in
+    ``value``. A loop, not a recursion: the value may be deep."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children: Iterable[Any]
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+    return False
+
+
+def parse(raw: bytes | str) -> Any:
+    """JSON text read from Redis as Python values, or BadPayload saying why
+    it cannot be read: not UTF-8, not JSON, or nested deeper than
+    ``MAX_DEPTH`` (past about 1,000 levels Python's json raises
+    RecursionError, which is untrusted input like any other)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise BadPayload(TOO_DEEP) from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise BadPayload(f"not valid JSON: {exc}") from None
+    if _brackets(raw) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+        raise BadPayload(TOO_DEEP)
+    return value
 
 
 def decode(raw: bytes | str) -> Payload:
     """The payload as a dict, or BadPayload saying what is wrong with it."""
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadPayload(f"payload is not valid JSON: {exc}") from None
+        value = parse(raw)
+    except BadPayload as exc:
+        raise BadPayload(f"payload is {exc}") from None
+    return _checked(value)
+
+
+def _checked(value: Any) -> Payload:
     if not isinstance(value, dict):
         raise BadPayload(f"payload is a JSON {type(value).__name__}, not an object")
     name = value.get("job")
@@ -75,8 +165,8 @@ def salvage(raw: bytes | str) -> Payload:
     """What can be kept of an unreadable payload: the object itself if it is
     one, else a new object whose ``raw`` field holds the original text (G13)."""
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        value = parse(raw)
+    except BadPayload:
         value = None
     if isinstance(value, dict):
         salvaged = dict(value)
@@ -84,3 +174,91 @@ def salvage(raw: bytes | str) -> Payload:
             salvaged["jid"] = new_jid()
         return salvaged
     return {"jid": new_jid(), "raw": text(raw)}
+
+
+# -- summaries ------------------------------------------------------------------
+
+
+def summary(raw: bytes | str) -> dict[str, Any]:
+    """A running job as its process's heartbeat records it (``N:workers``):
+    ``jid``, ``job``, ``queue``, ``retry_count`` (when the payload has one)
+    and ``args_preview``, the arguments on one line cut at
+    ``ARGS_PREVIEW_CHARS``. Small whatever the payload's size, and never
+    fails: an unreadable payload gets ``unreadable`` (why) and the start of
+    its text as the preview."""
+    try:
+        value = parse(raw)
+    except BadPayload as exc:
+        return _unreadable(raw, {}, f"payload is {exc}")
+    try:
+        payload = _checked(value)
+    except BadPayload as exc:
+        return _unreadable(raw, value if isinstance(value, dict) else {}, str(exc))
+    about: dict[str, Any] = {
+        "jid": _field(payload.get("jid")),
+        "job": _field(payload["job"]),
+        "queue": _field(payload.get("queue")),
+        "args_preview": args_preview(payload.get("args", []), payload.get("kwargs", {})),
+    }
+    retry_count = payload.get("retry_count")
+    if isinstance(retry_count, int) and not isinstance(retry_count, bool):
+        about["retry_count"] = retry_count
+    return about
+
+
+def _unreadable(raw: bytes | str, found: dict[str, Any], why: str) -> dict[str, Any]:
+    start = raw[: ARGS_PREVIEW_CHARS * 4]  # a character is at most 4 bytes of UTF-8
+    return {
+        "jid": _field(found.get("jid")),
+        "job": _field(found.get("job")),
+        "queue": _field(found.get("queue")),
+        "unreadable": why,
+        "args_preview": _cut(text(start), ARGS_PREVIEW_CHARS, cut=len(start) < len(raw)),
+    }
+
+
+def args_preview(args: Sequence[Any], kwargs: dict[str, Any], limit: int = ARGS_PREVIEW_CHARS) -> str:
+    """Arguments on one line, as a call reads (``1, "x", key="y"``), cut at
+    ``limit`` characters and then ending in ``ELLIPSIS``. Encodes only what
+    it keeps: a 50 MB argument costs no more than a small one."""
+    try:
+        pieces: list[str] = []
+        size = 0
+        items = itertools.chain(
+            (("", value) for value in args), ((f"{key}=", value) for key, value in kwargs.items())
+        )
+        for prefix, value in items:
+            piece = (", " if pieces else "") + prefix + _head(value, limit - size + 1)
+            pieces.append(piece)
+            size += len(piece)
+            if size > limit:
+                break
+        return _cut("".join(pieces), limit)
+    except Exception as exc:
+        return f"(the arguments cannot be shown: {type(exc).__name__})"
+
+
+def _head(value: Any, budget: int) -> str:
+    """The start of ``value`` as JSON: at least ``budget`` characters when it
+    is that long, else all of it."""
+    if isinstance(value, str) and len(value) > budget:
+        value = value[:budget]  # its JSON is longer still: cut either way
+    chunks: list[str] = []
+    size = 0
+    # iterencode (not encode) yields the text a piece at a time: stop early.
+    for chunk in _preview_encoder.iterencode(value):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > budget:
+            break
+    return "".join(chunks)
+
+
+def _field(value: Any) -> str:
+    return _cut(value, SUMMARY_FIELD_CHARS) if isinstance(value, str) else ""
+
+
+def _cut(value: str, limit: int, *, cut: bool = False) -> str:
+    if len(value) > limit:
+        return value[:limit] + ELLIPSIS
+    return value + ELLIPSIS if cut else value

@@ -9,13 +9,13 @@ cluster polls every ``POLL_INTERVAL`` on average.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
 from typing import TYPE_CHECKING
 
-from django_cogworker.payload import encode
+from django_cogworker.errors import BadPayload
+from django_cogworker.payload import encode, parse
 from django_cogworker.scripts import script
 
 if TYPE_CHECKING:
@@ -64,10 +64,10 @@ class Poller:
         An unreadable entry goes to ``default`` unchanged; the processor
         files it in dead (G13)."""
         try:
-            payload = json.loads(entry)
-            queue = payload.get("queue") if isinstance(payload, dict) else None
-        except ValueError:
+            payload = parse(entry)
+        except BadPayload:  # not JSON, or nested too deeply to read
             return "default", entry
+        queue = payload.get("queue") if isinstance(payload, dict) else None
         if not isinstance(queue, str) or not queue:
             return "default", entry
         payload["enqueued_at"] = now
@@ -84,16 +84,19 @@ class Poller:
         # A first, short random wait spreads processes started together.
         if self.launcher.done.wait(random.random() * self.config.poll_interval_s):
             return
+        outage = self.launcher.manager.outage
         failing = False
         while True:
             try:
                 self.enqueue_due()
             except Exception as exc:
-                # Once per outage, not on every pass (SPEC section 8).
-                if not failing:
+                # An outage is the process's to log (once); any other error
+                # once until the poller works again, not on every pass.
+                if not outage.failed(exc) and not failing:
                     logger.error("poller: %s: %s; retrying every pass", type(exc).__name__, exc)
-                failing = True
+                    failing = True
             else:
+                outage.succeeded()
                 if failing:
                     logger.warning("poller: working again")
                 failing = False

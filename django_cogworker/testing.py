@@ -19,7 +19,8 @@ from typing import Any
 from django_cogworker import client, execution
 from django_cogworker.conf import Config, get_config
 from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.payload import Payload, encode
+from django_cogworker.payload import Payload
+from django_cogworker.poller import Poller
 
 
 class InlineResult:
@@ -92,6 +93,7 @@ def _move_due(redis_client: Any, k: Any) -> None:
     for zset in (k.schedule, k.retry):
         for entry in redis_client.zrangebyscore(zset, "-inf", repr(now)):
             if redis_client.zrem(zset, entry):
-                payload = json.loads(entry)
-                payload["enqueued_at"] = now
-                redis_client.lpush(k.queue(payload.get("queue") or "default"), encode(payload))
+                # As the poller moves it: an unreadable entry goes to
+                # "default" unchanged, where execute() files it in dead (G13).
+                queue, payload = Poller.prepare(entry, now)
+                redis_client.lpush(k.queue(queue), payload)

@@ -21,6 +21,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from django_cogworker.errors import BadPayload
+from django_cogworker.payload import parse
 from django_cogworker.retry import BACKTRACE_MAX_CHARS
 from django_cogworker.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
 from django_cogworker.tasks.options import PENDING_RESULT_TTL_S
@@ -72,16 +74,24 @@ def dumps(record: Record) -> bytes:
 
 
 def loads(raw: bytes | str) -> Record:
-    """The record, or ValueError saying why it cannot be one."""
-    value = json.loads(raw)
+    """The record, or ValueError saying why it cannot be one (RecursionError
+    included: a record nested thousands deep is unreadable, not a crash)."""
+    try:
+        value = parse(raw)
+    except BadPayload as exc:
+        raise ValueError(f"result record is {exc}") from None
     if not isinstance(value, dict) or not isinstance(value.get("task"), str):
         raise ValueError("not a task result record")
     return value
 
 
 def check_json(value: Any) -> None:
-    """Raises TypeError or ValueError if JSON cannot carry ``value``."""
-    _encoder.encode(value)
+    """Raises TypeError or ValueError if JSON cannot carry ``value`` (nested
+    too deeply included)."""
+    try:
+        _encoder.encode(value)
+    except RecursionError:
+        raise ValueError("nested too deeply for JSON") from None
 
 
 def pending_ttl_s(record: Record, result_ttl_s: float, now: float) -> float:
