@@ -28,7 +28,7 @@ from django_cogworker.errors import UnsupportedServer
 from django_cogworker.scripts import Arg, script
 
 if TYPE_CHECKING:
-    from django_cogworker.manager import Manager
+    from django_cogworker.manager import Manager, Slots
 
 #: How long one blocking fetch waits on the server. Bounds how long a
 #: blocked thread takes to notice quiet or shutdown (a job it receives then
@@ -55,6 +55,14 @@ RECOVERED_MARK = b'"orphaned":'
 class UnitOfWork:
     queue: str
     raw: bytes
+    #: When the fetch that brought it returned (monotonic clock): a job not
+    #: started soon after is checked to be still ours first (G18).
+    fetched_at: float = 0.0
+
+    @property
+    def recovered(self) -> bool:
+        """Once recovered from a dead process (requeue.lua marks it)."""
+        return RECOVERED_MARK in self.raw
 
 
 def is_unknown_command(exc: redis.ResponseError) -> bool:
@@ -148,6 +156,10 @@ class Fetcher:
     def give_back(self, work: UnitOfWork) -> None:
         raise NotImplementedError
 
+    def still_owned(self, work: UnitOfWork) -> bool:
+        """Whether the job is still this process's to run (see ReliableFetch)."""
+        return True
+
     def flush_acks(self) -> None:
         """Sends acknowledgements still waiting for a fetch (none by default)."""
 
@@ -171,7 +183,7 @@ class BasicFetch(Fetcher):
         if got is None:
             return None
         key, raw = got
-        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw)
+        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw, time.monotonic())
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         pass
@@ -192,12 +204,15 @@ class BasicFetch(Fetcher):
 
 class ReliableFetch(Fetcher):
     """Jobs are taken in batches while the worker is busy: one call
-    acknowledges what the threads finished and moves up to as many jobs as
-    there are threads not running one. The extra jobs wait in memory (on the
-    in-progress list, and known to the manager as held, so never strays)
-    for the next thread; an ack waits in memory (as a pending ack, never to
-    be run again) for the next call. When the queues run dry, a thread
-    acknowledges at once, and with one queue it then blocks on BLMOVE."""
+    acknowledges what the threads finished and moves a job for the calling
+    thread and one for each other thread waiting for one. Slots are
+    reserved with the manager before the call (G19), so threads finishing
+    together never fetch for the same free threads, and a job fetched for
+    another thread waits in memory (on the in-progress list, known to the
+    manager as held, so never a stray) only until that thread picks it up.
+    An ack waits in memory (as a pending ack, never to be run again) for the
+    next call. When the queues run dry, a thread acknowledges at once, and
+    with one queue it then blocks on BLMOVE."""
 
     reliable = True
 
@@ -210,41 +225,60 @@ class ReliableFetch(Fetcher):
 
     def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
         """The next job; ``done`` (the thread's previous job and its jid) is
-        acknowledged with the next call to Redis."""
-        if done is not None:
-            with self._acks_lock:
-                self.acks.append(done)
-        try:
-            work = self.buffer.popleft()
-        except IndexError:
-            pass
-        else:
-            return work
+        acknowledged with this thread's call to Redis, or, when a job
+        fetched by another thread is taken instead, with the next call."""
         queues = self.active_queues()
         if not queues:
+            self.defer(done)
             self.flush_acks()
             self.manager.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
+        # A thread about to block on BLMOVE (idle, one queue) reserves only
+        # its own slot, so that every idle thread can wait there at once.
+        blocking = (
+            len(queues) == 1 and done is None and not self.acks and getattr(self._idle, "blocking", False)
+        )
+        slot = self.manager.reserve(self.buffer, 1 if blocking else None)
+        if slot is None or isinstance(slot, UnitOfWork):
+            self.defer(done)
+            return slot
+        works: list[UnitOfWork] = []
+        try:
+            works = self.fetch(queues, slot, done)
+        finally:
+            self.manager.fetched(works, slot, self.buffer)
+        return works[0] if works else None
+
+    def defer(self, done: tuple[UnitOfWork, str] | None) -> None:
+        if done is not None:
+            with self._acks_lock:
+                self.acks.append(done)
+
+    def fetch(
+        self, queues: list[str], slots: Slots, done: tuple[UnitOfWork, str] | None = None
+    ) -> list[UnitOfWork]:
+        """One call for up to ``slots.count`` jobs (the first for the
+        caller), acknowledging ``done`` and the acks waiting."""
         k = self.keys
         try:
             with self._acks_lock:
                 acks, self.acks = self.acks, []
+            if done is not None:
+                acks.append(done)
             if acks or len(queues) > 1 or not getattr(self._idle, "blocking", False):
-                found = self.fetch_script(queues, acks, self.manager.free_threads())
+                found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:
                     self.not_idle()
                     self._idle.blocking = False
                     queue = queues[int(found[0]) - 1]
-                    works = [UnitOfWork(queue, raw) for raw in found[1:]]
-                    if len(works) > 1:
-                        self.manager.hold(works[1:])
-                        self.buffer.extend(works[1:])
-                    return works[0]
+                    now = time.monotonic()
+                    return [UnitOfWork(queue, raw, now) for raw in found[1:]]
                 if found or len(queues) > 1:
                     if found:
                         self.report_broken_queue(found[1])
                     self.idle_sleep()
-                    return None
+                    return []
+            self.manager.shrink(slots, 1)
             raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
         except redis.ResponseError as exc:
             if is_unknown_command(exc):
@@ -252,27 +286,31 @@ class ReliableFetch(Fetcher):
             if "WRONGTYPE" in str(exc):
                 self.report_broken_queue(f"{k.queue(queues[0])}: {exc}".encode())
                 self.idle_sleep()
-                return None
+                return []
             raise
         # Idle with one queue: the next call blocks at once, without a script
         # call first (no polling), until a job comes.
         self._idle.blocking = raw is None
-        return None if raw is None else UnitOfWork(queues[0], raw)
+        return [] if raw is None else [UnitOfWork(queues[0], raw, time.monotonic())]
 
     def fetch_script(self, queues: list[str], acks: list[tuple[UnitOfWork, str]], want: int) -> Any:
         k = self.keys
-        # Only a job once recovered from a dead process has an orphan counter
-        # to clear (recovery marks its payload).
-        counters = [k.orphanings(jid) for work, jid in acks if RECOVERED_MARK in work.raw]
+        # Recovered jobs are acknowledged at once (their orphan counter goes
+        # with the ack, see ack()): only jobs never orphaned ride here.
         found = script("fetch")(
             self.client,
-            [*(k.queue(q) for q in queues), self.inprogress, *counters],
+            [*(k.queue(q) for q in queues), self.inprogress],
             [len(queues), max(1, want), *(work.raw for work, _ in acks)],
         )
         # Sent: they are acknowledged (a call that failed leaves them pending
         # in the manager's memory, where reconcile settles them).
         self.manager.forget_pending_many([work.raw for work, _ in acks])
         return found
+
+    def still_owned(self, work: UnitOfWork) -> bool:
+        """Whether the job is still on this process's list (G18): after a
+        long pause it may have been recovered and run elsewhere."""
+        return self.client.lpos(self.inprogress, work.raw) is not None
 
     def flush_acks(self) -> None:
         """Acknowledges what waits, now (the thread will not fetch soon)."""

@@ -5,8 +5,9 @@ taken for an orphan's) and then every ``HEARTBEAT_INTERVAL``: the presence
 key ``N:process:<identity>`` with TTL ``HEARTBEAT_TTL``, the ``N:last_beat``
 stamp on Redis's clock, the registration in ``N:inprogress_identities``, the
 processed/failed counters accumulated since the last beat, and the record of
-the jobs running now (``N:workers:<identity>``), all in one script. So the
-admin is truthful to within one beat, and a job costs Redis nothing for them.
+the jobs running now (``N:workers:<identity>``: a short summary of each,
+made once per job), all in one script. So the admin is truthful to within
+one beat, and a job costs Redis nothing for them.
 Signals sent through Redis (quiet, stop) are collected on the way.
 """
 
@@ -17,8 +18,9 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from django_cogworker.payload import summary
 from django_cogworker.scripts import script
 
 if TYPE_CHECKING:
@@ -50,6 +52,10 @@ class Heartbeat:
         self.started_at = time.time()
         self.hostname = socket.gethostname()
         self.unregistered = False  # the registration failed on the last beat (logged once)
+        # The summary of each job running now, made once per job rather than
+        # once per beat (a payload may be megabytes to parse): keyed by the
+        # id of its payload bytes, which the entry keeps alive and checks.
+        self.summaries: dict[int, tuple[bytes, dict[str, Any]]] = {}
 
     def fields(self) -> dict[str, str]:
         m = self.manager
@@ -74,16 +80,7 @@ class Heartbeat:
         processed, failed = m.take_counts()
         day = time.strftime("%Y-%m-%d", time.gmtime())
         fields = self.fields()
-        running, _ = m.snapshot()
-        jobs: list[str | bytes] = []
-        for index, (work, started, jid) in enumerate(running):
-            record = {
-                "queue": work.queue,
-                "payload": work.raw.decode("utf-8", "replace"),
-                "run_at": started,
-                "thread": index,
-            }
-            jobs += [jid or f"unreadable-{index}", json.dumps(record)]
+        jobs = self.running_records()
         args: list[str | bytes | int] = [
             m.identity,
             max(1, round(m.config.heartbeat_ttl_s)),
@@ -110,6 +107,7 @@ class Heartbeat:
                     k.stat_failed,
                     k.stat_processed_on(day),
                     k.stat_failed_on(day),
+                    k.beats,
                 ],
                 args,
             )
@@ -125,17 +123,39 @@ class Heartbeat:
         self.unregistered = not registered
         return [s.decode() for s in signals]
 
+    def running_records(self) -> list[str | bytes]:
+        """jid, record pairs of the jobs running now for ``N:workers``: a
+        bounded summary of each (``payload.summary``), never the payload
+        itself, which a beat would otherwise send again and again."""
+        m = self.manager
+        # Read under the manager's lock, not through snapshot(), which parses
+        # every running payload for its jid on every call: the summary has it.
+        with m._lock:
+            running = sorted(m.running.items())
+        summaries: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        jobs: list[str | bytes] = []
+        for thread, (work, started, _) in running:
+            cached = self.summaries.get(id(work.raw))
+            about = cached[1] if cached is not None and cached[0] is work.raw else summary(work.raw)
+            summaries[id(work.raw)] = (work.raw, about)
+            record = {**about, "queue": work.queue, "run_at": started, "thread": thread}
+            jobs += [about["jid"] or f"unreadable-{thread}", json.dumps(record)]
+        self.summaries = summaries  # only the jobs running now
+        return jobs
+
     def run(self) -> None:
         interval = self.manager.config.heartbeat_interval_s
+        outage = self.manager.outage
         failing = False
         while not self.launcher.done.wait(interval):
             try:
                 signals = self.beat()
             except Exception as exc:
-                if not failing:
+                if not outage.failed(exc) and not failing:
                     logger.error("heartbeat failed (%s: %s); retrying every beat", type(exc).__name__, exc)
-                failing = True
+                    failing = True
                 continue
+            outage.succeeded()
             if failing:
                 logger.warning("heartbeat restored")
                 failing = False

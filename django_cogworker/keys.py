@@ -24,6 +24,7 @@ class Keys:
         self.process_prefix = f"{n}:process:"
         self.processes = f"{n}:processes"
         self.last_beat = f"{n}:last_beat"
+        self.beats = f"{n}:beats"
         self.workers_prefix = f"{n}:workers:"
         self.signals_prefix = f"{n}:signals:"
         self.orphanings_prefix = f"{n}:orphanings:"

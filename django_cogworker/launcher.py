@@ -76,12 +76,19 @@ class Launcher:
         self.recovery = Recovery(self.manager)
         self.heartbeat = Heartbeat(self)
         self.poller = Poller(self)
-        self.ticker = Ticker(self.manager.client, self.manager.keys, config, self.done)
+        self.ticker = Ticker(
+            self.manager.client, self.manager.keys, config, self.done, outage=self.manager.outage
+        )
 
     # -- lifecycle -------------------------------------------------------------
 
     def run(self) -> None:
         self.install_signal_handlers()
+        from django_cogworker.supervisor import watch_supervisor
+
+        # Under --processes: stop as on SIGTERM once the supervisor is gone,
+        # even SIGKILLed, instead of working on beside its successor (G20).
+        watch_supervisor(lambda: self.signals.put("stop"), self.thread_crashed)
         logger.info(
             "cogworker %s starting: queues %s, concurrency %d, fetch %s",
             self.identity,
@@ -120,9 +127,11 @@ class Launcher:
             try:
                 self.manager.fetcher()
                 self.heartbeat.beat()
+                self.manager.outage.succeeded()
                 return True
             except Exception as exc:
-                logger.error("cannot reach Redis at boot (%s: %s); retrying", type(exc).__name__, exc)
+                if not self.manager.outage.failed(exc):
+                    logger.error("cannot reach Redis at boot (%s: %s); retrying", type(exc).__name__, exc)
             try:
                 what = self.signals.get(timeout=delay)
             except queue.Empty:

@@ -14,7 +14,8 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -24,6 +25,7 @@ from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.execution import Outcome
 from django_cogworker.fetch import BasicFetch, Fetcher, ReliableFetch, UnitOfWork, reliable_supported
+from django_cogworker.outage import Outage
 from django_cogworker.payload import decode, encode
 from django_cogworker.processor import Processor
 
@@ -39,6 +41,17 @@ MAX_INTERRUPTS = 3
 PERIODIC_QUEUED_TTL_S = 3600
 
 Pending = str | tuple[str, float, bytes, str, bool]  # "ack", or (zset, score, payload, jid, trim)
+
+#: How long a thread whose job is being fetched by another thread's call
+#: waits before it looks again (it is woken as soon as the call returns).
+SLOT_WAIT_S = 0.25
+
+
+@dataclass
+class Slots:
+    """Slots reserved for one fetch call."""
+
+    count: int
 
 
 class Manager:
@@ -65,6 +78,8 @@ class Manager:
         self.quiet = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        # Woken whenever fetched jobs arrive or a fetch's reservation ends.
+        self._slots = threading.Condition(self._lock)
         self._fetcher: Fetcher | None = None
         self._threads: list[threading.Thread] = []
         self.running: dict[int, tuple[UnitOfWork, float, str]] = {}
@@ -72,13 +87,17 @@ class Manager:
         # Fetched ahead for the next free thread (see ReliableFetch): on our
         # list, not running yet, and not strays either.
         self.held: Counter[bytes] = Counter()
+        # Jobs that fetch calls in flight may bring (G19): counted with the
+        # running and held ones, so that threads finishing together do not
+        # each fetch for the same free threads.
+        self.reserved = 0
         # Jobs recovered from a dead process run one at a time (see Processor).
         self.suspects_running = 0
         self.pending: dict[bytes, Pending] = {}
         self.interrupted: set[bytes] = set()
         self.processed = 0
         self.failed = 0
-        self._outage = False
+        self.outage = Outage()
 
     # -- fetch ---------------------------------------------------------------
 
@@ -117,6 +136,14 @@ class Manager:
     def reliable(self) -> bool:
         return self.fetch_mode != "basic"
 
+    @property
+    def revival_check_s(self) -> float:
+        """A job not started this long after its fetch is checked to be
+        still ours first (G18): half the shortest time after which another
+        process could have taken it (no beat for HEARTBEAT_TTL, and
+        ORPHAN_THRESHOLD since the last one)."""
+        return min(self.config.heartbeat_ttl_s, self.config.orphan_threshold_s) / 2
+
     def requeue_args(self) -> list[str | int]:
         return [self.keys.queue_prefix, "default", self.keys.periodic_running_prefix, PERIODIC_QUEUED_TTL_S]
 
@@ -140,7 +167,8 @@ class Manager:
             self.running_raw[work.raw] += 1
 
     def finished(self, index: int, work: UnitOfWork, outcome: Outcome | None) -> None:
-        with self._lock:
+        with self._slots:
+            self._slots.notify_all()
             self.running.pop(index, None)
             self.running_raw[work.raw] -= 1
             if self.running_raw[work.raw] <= 0:
@@ -162,9 +190,10 @@ class Manager:
         try:
             self.apply(work, how)
         except Exception as exc:
-            logger.error(
-                "could not settle jid=%s yet (%s: %s); will retry", outcome.jid, type(exc).__name__, exc
-            )
+            if not self.outage.failed(exc):
+                logger.error(
+                    "could not settle jid=%s yet (%s: %s); will retry", outcome.jid, type(exc).__name__, exc
+                )
             with self._lock:
                 self.pending[work.raw] = how
 
@@ -180,7 +209,8 @@ class Manager:
         try:
             self.fetcher().ack(work, jid)
         except Exception as exc:
-            logger.error("could not acknowledge jid=%s yet (%s); will retry", jid, exc)
+            if not self.outage.failed(exc):
+                logger.error("could not acknowledge jid=%s yet (%s); will retry", jid, exc)
             return
         self.forget_pending(work.raw)
 
@@ -212,16 +242,12 @@ class Manager:
         with self._lock:
             return self.running_raw + self.held
 
-    def hold(self, works: list[UnitOfWork]) -> None:
-        with self._lock:
-            for work in works:
-                self.held[work.raw] += 1
-
     def unhold(self, work: UnitOfWork) -> None:
-        with self._lock:
+        with self._slots:
             self.held[work.raw] -= 1
             if self.held[work.raw] <= 0:
                 del self.held[work.raw]
+            self._slots.notify_all()
 
     def begin_suspect(self) -> bool:
         """Claims the one slot for a job recovered from a dead process."""
@@ -235,10 +261,45 @@ class Manager:
         with self._lock:
             self.suspects_running = 0
 
-    def free_threads(self) -> int:
-        """Threads neither running a job nor with one waiting for them."""
-        with self._lock:
-            return self.concurrency - len(self.running) - sum(self.held.values())
+    def reserve(self, buffer: deque[UnitOfWork], most: int | None = None) -> UnitOfWork | Slots | None:
+        """For a thread that wants a job: one fetched for it by another
+        thread's call, or the slots it may fetch for itself (its own and one
+        for each thread left without), reserved until :meth:`fetched`; None
+        once quiet. G19: the jobs running, held and reserved never add up to
+        more than ``CONCURRENCY``."""
+        with self._slots:
+            while True:
+                if buffer:
+                    return buffer.popleft()
+                if self.quiet.is_set():
+                    return None
+                free = self.concurrency - len(self.running) - sum(self.held.values()) - self.reserved
+                if free > 0:
+                    if most is not None:
+                        free = min(free, most)
+                    self.reserved += free
+                    return Slots(free)
+                self._slots.wait(SLOT_WAIT_S)
+
+    def shrink(self, slots: Slots, count: int) -> None:
+        """Gives back all but ``count`` of a reservation (a thread about to
+        block for one job must not keep the others waiting)."""
+        with self._slots:
+            if slots.count > count:
+                self.reserved -= slots.count - count
+                slots.count = count
+                self._slots.notify_all()
+
+    def fetched(self, works: list[UnitOfWork], slots: Slots, buffer: deque[UnitOfWork]) -> None:
+        """Ends a reservation: the jobs a call brought are held (the first
+        for the caller, the rest in ``buffer`` for the threads waiting)."""
+        with self._slots:
+            self.reserved -= slots.count
+            slots.count = 0
+            for work in works:
+                self.held[work.raw] += 1
+            buffer.extend(works[1:])
+            self._slots.notify_all()
 
     def forget_pending_many(self, raws: list[bytes]) -> None:
         if not raws:
@@ -263,23 +324,13 @@ class Manager:
             self.processed += processed
             self.failed += failed
 
-    def report_outage(self, exc: BaseException | None) -> None:
-        with self._lock:
-            first, self._outage = not self._outage, True
-        if first:
-            logger.error("Redis unreachable (%s); processors will retry with backoff", exc)
-
-    def report_recovered(self) -> None:
-        with self._lock:
-            was, self._outage = self._outage, False
-        if was:
-            logger.warning("Redis reachable again; processing resumed")
-
     # -- shutdown (G8) -------------------------------------------------------
 
     def stop_fetching(self) -> None:
         """Quiet: no new job; those fetched ahead go back to their queues."""
         self.quiet.set()
+        with self._slots:
+            self._slots.notify_all()
         fetcher = self._fetcher
         if fetcher is not None:
             fetcher.return_buffered()
@@ -298,6 +349,8 @@ class Manager:
         ``settle_unfinished`` is the recovery module's shutdown step (it owns
         the scripts that put a process's list back)."""
         self.quiet.set()
+        with self._slots:
+            self._slots.notify_all()
         deadline = time.monotonic() + self.shutdown_timeout_s
         self.wait_for_processors(deadline)
         self.stopping.set()

@@ -44,6 +44,7 @@ from django_cogworker.errors import JobNotRegistered
 from django_cogworker.job import Job
 from django_cogworker.keys import Keys
 from django_cogworker.middleware import Result, ServerMiddleware
+from django_cogworker.outage import Outage
 from django_cogworker.payload import Payload, check_arguments, encode
 from django_cogworker.scripts import script
 
@@ -409,8 +410,10 @@ class Ticker:
         config: Config,
         stop: threading.Event,
         entries_: Iterable[Entry] | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self.client = client
+        self.outage = outage or Outage()
         self.keys = keys
         self.config = config
         self.stop = stop
@@ -434,8 +437,9 @@ class Ticker:
                 if time.monotonic() >= next_extend:
                     next_extend = time.monotonic() + self.extend_every_s
                     HELD.extend(self.client, self.keys, active_ttl_s(self.config))
-            except Exception:
-                logger.exception("periodic ticker pass failed")
+            except Exception as exc:
+                if not self.outage.failed(exc):
+                    logger.exception("periodic ticker pass failed")
             if self.stop.wait(self.sleep_s()):
                 return
 
@@ -470,6 +474,8 @@ class Ticker:
     def failed(self, entry: Entry, exc: BaseException) -> None:
         # G12: log and go on with the other entries; once per distinct error,
         # not every tick.
+        if self.outage.failed(exc):
+            return
         message = f"{type(exc).__name__}: {exc}"
         if self.failing.get(entry.pjid) != message:
             self.failing[entry.pjid] = message

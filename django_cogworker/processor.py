@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from typing import TYPE_CHECKING
-
-import redis
 
 from django_cogworker import execution
 from django_cogworker.errors import UnsupportedServer
-from django_cogworker.fetch import RECOVERED_MARK, UnitOfWork
+from django_cogworker.fetch import UnitOfWork
 
 if TYPE_CHECKING:
     from django_cogworker.manager import Manager
@@ -49,14 +48,11 @@ class Processor:
             except UnsupportedServer as exc:
                 manager.fall_back_to_basic(str(exc))
                 continue
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except Exception as exc:
                 done = None  # stays a pending ack: reconcile retries it
-                self.outage(exc)
-                continue
-            except Exception:
-                logger.exception("fetch failed")
-                done = None
-                self.outage(None)
+                if not manager.outage.failed(exc):
+                    logger.exception("fetch failed")
+                self.back_off()
                 continue
             done = None  # sent, or waiting with the fetcher for its next call
             self.recovered()
@@ -65,7 +61,9 @@ class Processor:
             if manager.quiet.is_set():
                 manager.give_back(work)
                 break
-            suspect = RECOVERED_MARK in work.raw
+            if time.monotonic() - work.fetched_at > manager.revival_check_s and not self.still_ours(work):
+                continue
+            suspect = work.recovered
             if suspect and not manager.begin_suspect():
                 # G3: a job recovered from a dead process may be the poison
                 # pill that killed it. One at a time per process, so that
@@ -95,7 +93,10 @@ class Processor:
             logger.exception("processing a job failed unexpectedly; left in progress")
             manager.finished(self.index, work, None)
             return None
-        if outcome.kind == execution.ACK and manager.reliable:
+        # A recovered job is acknowledged at once, with its orphan counter:
+        # left pending, a kill before the next fetch would count it as
+        # orphaned again though it had finished (G19).
+        if outcome.kind == execution.ACK and manager.reliable and not work.recovered:
             manager.defer_ack(work)
             manager.finished(self.index, work, outcome)
             return (work, outcome.jid)
@@ -103,12 +104,35 @@ class Processor:
         manager.finished(self.index, work, outcome)
         return None
 
-    def outage(self, exc: BaseException | None) -> None:
-        self.manager.report_outage(exc)
+    def still_ours(self, work: UnitOfWork) -> bool:
+        """G18: a job fetched a long while ago (this process was stopped,
+        paused or starved) runs only if it is still on this process's list.
+        Meanwhile its owner may have been taken for dead and the job run
+        elsewhere; starting it now would be a second run. When the list
+        cannot be read, the job is not run either: if it is still there,
+        the stray check requeues it."""
+        manager = self.manager
+        try:
+            owned = manager.fetcher().still_owned(work)
+        except Exception as exc:
+            if not manager.outage.failed(exc):
+                logger.error("could not check a job fetched long ago (%s); not starting it", exc)
+            owned = False
+        else:
+            if not owned:
+                logger.warning(
+                    "not starting a job fetched %.1fs ago: it was taken back while this process was silent",
+                    time.monotonic() - work.fetched_at,
+                )
+        if not owned:
+            manager.unhold(work)
+        return owned
+
+    def back_off(self) -> None:
         self.backoff_s = min(max(self.backoff_s * 2, 0.1), OUTAGE_BACKOFF_MAX_S)
         self.manager.quiet.wait(self.backoff_s)
 
     def recovered(self) -> None:
         if self.backoff_s:
             self.backoff_s = 0.0
-            self.manager.report_recovered()
+            self.manager.outage.succeeded()

@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis
-
 from django_cogworker import registry
 from django_cogworker.errors import ProcessDied
 from django_cogworker.heartbeat import DAILY_STATS_TTL_S
@@ -53,6 +51,10 @@ class Recovery:
         self.config = manager.config
         # Stray candidates -> when first seen (monotonic clock).
         self.previous_strays: dict[bytes, float] = {}
+        # Lists found by the boot scan but not in the registry, looked at
+        # again on every pass until their owner is found dead: at boot it may
+        # be too early to tell (see requeue.lua, the stall check).
+        self.scanned: set[str] = set()
         self.last_report: dict[str, Any] = {}
 
     # -- requeue ---------------------------------------------------------------
@@ -76,12 +78,13 @@ class Recovery:
             k.orphanings_prefix,
             ORPHANINGS_TTL_S,
             self.config.max_orphanings,
+            repr(self.config.heartbeat_ttl_s),
             *(b"d:" + raw for raw in finished),
             *(b"k:" + raw for raw in keep),
         ]
         reply = script("requeue")(
             self.client,
-            [k.inprogress(identity), k.process(identity), k.last_beat, k.repeat_orphans, k.dead],
+            [k.inprogress(identity), k.process(identity), k.last_beat, k.repeat_orphans, k.dead, k.beats],
             args,
         )
         moved, buried = int(reply[0]), reply[1:]
@@ -109,15 +112,20 @@ class Recovery:
                 report["requeued"] += self.recover_identity(identity)
             except Exception as exc:
                 report["errors"] += 1
+                if self.manager.outage.failed(exc):
+                    report["connection_lost"] = True
+                    break  # the others would fail the same way
                 logger.error("orphan recovery skipped %s: %s: %s", identity, type(exc).__name__, exc)
         report["parked"] = self.isolated("burying repeat orphans", 0, report, self.bury_repeat_orphans)
         self.isolated("filing unsettled jobs", 0, report, self.file_unsettled)
         self.last_report = report
         self.isolated("saving the recovery report", None, report, lambda: self.save_report(report))
-        if report["requeued"] or report["parked"] or report["errors"]:
-            logger.warning("orphan recovery: %s", report)
+        if report.get("connection_lost"):
+            pass  # the outage is logged once, by the process
+        elif report["requeued"] or report["parked"] or report["errors"]:
+            logger.warning("%s", describe(report))
         else:
-            logger.info("orphan recovery: %s", report)
+            logger.info("%s", describe(report))
         return report
 
     def save_report(self, report: dict[str, Any]) -> None:
@@ -127,6 +135,7 @@ class Recovery:
         moved = self.requeue_in_progress(identity, if_dead_for_s=self.config.orphan_threshold_s)
         if moved < 0:
             return 0  # alive after all: it keeps its registration and its jobs
+        self.scanned.discard(identity)
         self.isolated(f"forgetting {identity}", None, None, lambda: self.forget_if_empty(identity))
         if moved:
             logger.warning("requeued %d job(s) left in progress by dead process %s", moved, identity)
@@ -165,7 +174,8 @@ class Recovery:
                 ],
             )
             report["scan"] = scanned is not None
-            found += [i for i in scanned or [] if i not in found]
+            self.scanned.update(i for i in scanned or [] if i not in found)
+        found += sorted(i for i in self.scanned if i not in found)
         return found
 
     # -- poison pills (G3) -----------------------------------------------------
@@ -283,7 +293,8 @@ class Recovery:
         try:
             self.manager.apply(UnitOfWork("", raw), how)
         except Exception as exc:
-            logger.error("still could not settle jid=%s: %s", salvage(raw).get("jid"), exc)
+            if not self.manager.outage.failed(exc):
+                logger.error("still could not settle jid=%s: %s", salvage(raw).get("jid"), exc)
             return
         self.manager.forget_pending(raw)
 
@@ -346,12 +357,32 @@ class Recovery:
         try:
             return fn()
         except Exception as exc:
+            outage = self.manager.outage.failed(exc)
             if report is not None:
                 report["errors"] = report.get("errors", 0) + 1
-                if isinstance(exc, redis.ConnectionError):
+                if outage:
                     report["connection_lost"] = True
-            logger.error("orphan recovery: %s failed: %s: %s", what, type(exc).__name__, exc)
+            if not outage:
+                logger.error("orphan recovery: %s failed: %s: %s", what, type(exc).__name__, exc)
             return fallback
+
+
+def describe(report: dict[str, Any]) -> str:
+    """The recovery report as a sentence for the log."""
+
+    def count(n: int, one: str, many: str) -> str:
+        return f"{n} {one if n == 1 else many}"
+
+    text = (
+        f"orphan recovery: checked {count(report['checked'], 'other process', 'other processes')}, "
+        f"requeued {count(report['requeued'], 'job', 'jobs')}, "
+        f"parked {count(report['parked'], 'repeat orphan', 'repeat orphans')}"
+    )
+    if report["scan"] is not None:
+        text += ", with a key scan" if report["scan"] else ", the key scan failed"
+    if report["errors"]:
+        text += f"; {count(report['errors'], 'step', 'steps')} failed (logged above)"
+    return text
 
 
 def _glob_escape(text: str) -> str:

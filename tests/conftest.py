@@ -9,12 +9,15 @@ deletes only its own keys afterwards (never FLUSHALL).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +29,52 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
+
+#: Set by ``make test-installed``: the run must test the installed wheel.
+EXPECT_INSTALLED = "COGWORKER_EXPECT_INSTALLED"
+_WHERE_FROM = "import django_cogworker; print(django_cogworker.__file__)"
+
+
+def _installed_copy_problem() -> str | None:
+    """Why this run would not test an installed copy, or None when it does.
+
+    ``make test-installed`` copies the tests away from the checkout and runs
+    them against the wheel installed in a fresh virtual environment. A
+    ``django_cogworker/`` on the path (the checkout, an editable install)
+    would quietly test the sources instead, in pytest or in the workers.
+    """
+    import django_cogworker
+
+    here = Path(django_cogworker.__file__).resolve()
+    site_packages = Path(sysconfig.get_path("purelib")).resolve()
+    if sys.prefix == sys.base_prefix:
+        return f"pytest runs on {sys.executable}, which is not a virtual environment"
+    if here.is_relative_to(ROOT):
+        return f"django_cogworker is imported from {here}, inside {ROOT}, where the tests run from"
+    if not here.is_relative_to(site_packages):
+        return f"django_cogworker is imported from {here}, not from this venv's {site_packages}"
+    # Through manage.py, as start_worker runs workers: it puts ROOT first on
+    # sys.path, and PYTHONPATH and cwd are ROOT too.
+    probe = subprocess.run(
+        [sys.executable, str(MANAGE), "shell", "--no-imports", "-c", _WHERE_FROM],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings", "PYTHONPATH": str(ROOT)},
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    worker_here = probe.stdout.strip().rpartition("\n")[2]
+    if probe.returncode != 0 or Path(worker_here).resolve() != here:
+        return f"a worker process would import django_cogworker from {worker_here or probe.stderr[-2000:]!r}"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(EXPECT_INSTALLED) == "1":
+        problem = _installed_copy_problem()
+        if problem is not None:
+            raise pytest.UsageError(f"{EXPECT_INSTALLED}=1, but {problem}: this run would not test the wheel")
+
 
 #: Intervals scaled down so that a whole lifecycle (beat, orphaning,
 #: recovery, retry) takes seconds. ORPHAN_THRESHOLD > HEARTBEAT_TTL as in
@@ -256,3 +305,114 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     setattr(item, "rep_" + report.when, report)
     return report
+
+
+# -- fixtures shared by the guarantee tests ----------------------------------------------
+
+
+def kill(worker: Worker) -> None:
+    worker.signal(signal.SIGKILL)
+    worker.wait(10)
+
+
+@pytest.fixture
+def own_redis(cog: CogEnv, tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Starts a redis-server of this test's own (to restart it, flush its
+    scripts, rename its commands, or read its command stats) and points the
+    test's settings and workers at it."""
+    servers: list[RedisServer] = []
+    session_url, session_client = cog.url, cog.redis
+
+    def start(*, appendonly: bool = False, extra: list[str] | None = None) -> RedisServer:
+        directory = tmp_path / f"redis-{len(servers)}"
+        directory.mkdir()
+        server = RedisServer(str(directory), appendonly=appendonly)
+        server.start(extra)
+        servers.append(server)
+        if cog.redis is not session_client:
+            cog.redis.close()
+        cog.url = server.url
+        cog.redis = redis.Redis.from_url(server.url)
+        cog.overrides["REDIS_URL"] = server.url
+        cog.apply()
+        return server
+
+    yield start
+    for worker in cog.workers:
+        if worker.alive():
+            kill(worker)
+    if cog.redis is not session_client:
+        cog.redis.close()
+    for server in servers:
+        server.stop(signal.SIGKILL)
+    cog.url, cog.redis = session_url, session_client
+    cog.overrides.pop("REDIS_URL", None)
+    cog.apply()
+
+
+class InProcessWorker:
+    """A worker (Launcher) run in a thread of the test process, so that a
+    test can patch one of its calls. Stopped as SIGTERM would stop it."""
+
+    def __init__(self, **launcher_options: Any) -> None:
+        from django_cogworker.conf import get_config
+        from django_cogworker.launcher import Launcher
+
+        self.launcher = Launcher(get_config(), **launcher_options)
+        self.thread = threading.Thread(target=self.launcher.run, name="in-process-worker", daemon=True)
+
+    @property
+    def identity(self) -> str:
+        return self.launcher.identity
+
+    @property
+    def manager(self) -> Any:
+        return self.launcher.manager
+
+    def start(self) -> InProcessWorker:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.thread.is_alive():
+            self.launcher.signals.put("stop")
+            self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the in-process worker did not stop"
+
+
+@pytest.fixture
+def worker_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """What in-process workers log (the logger does not propagate to the root)."""
+    logger = logging.getLogger("django_cogworker")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture
+def in_process() -> Iterator[Callable[..., InProcessWorker]]:
+    started: list[InProcessWorker] = []
+
+    def make(**options: Any) -> InProcessWorker:
+        worker = InProcessWorker(**options).start()
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def superclient(cog: CogEnv, db: Any) -> Any:
+    """Django's test client logged in as a superuser (the admin pages)."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    # Tests run inside a transaction (pytest-django's ``db``) that never commits.
+    cog.configure(ENQUEUE_ON_COMMIT=False)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", email=None, password=None))
+    return client

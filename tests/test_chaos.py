@@ -1,15 +1,17 @@
-"""Chaos: real worker processes SIGKILLed at random while jobs stream in.
+"""Chaos: real worker processes SIGKILLed or SIGSTOPped at random while jobs stream in.
 
 Three ``manage.py cogworker`` processes work through a few thousand short
-jobs, enqueued in batches while, every second, one worker chosen at random
-is SIGKILLed and a replacement started (as a supervisor would). Intervals
-are the FAST ones of conftest, so a dead worker's jobs come back within
-about three seconds.
+jobs, enqueued in batches while, every tick, one worker chosen at random is
+hit: SIGKILLed and replaced (as a supervisor would), or stopped past
+ORPHAN_THRESHOLD and continued. Intervals are the FAST ones of conftest, so
+a dead worker's jobs come back within about three seconds.
 
 At the end every job has run at least once, nothing is left anywhere
 (queues, in-progress lists, retry, dead, unsettled, repeat_orphans), and the
-jobs run twice are no more than the jobs the killed workers can have held
-(kills x concurrency). Run with ``-s`` to see the figures.
+jobs run twice are no more than the jobs the hit workers can have held
+(hits x concurrency, G19). The wait for the end fails only when nothing
+moved for ``STALL_S``, not after a fixed time. Run with ``-s`` to see the
+figures; ``COGWORKER_CHAOS_SEED`` replays a run.
 """
 
 from __future__ import annotations
@@ -20,17 +22,22 @@ import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+from django_cogworker.payload import decode
 from testproject.testapp import jobs
-from tests.conftest import CogEnv, Worker, wait_for
+from tests.conftest import CogEnv, Worker
 from tests.test_guarantees import assert_each_in_one_place, keys, leftovers
 
 WORKERS = 3
 CONCURRENCY = 4
-TICKS = 14  # one kill per tick, at a random moment of it
+TICKS = 14  # one hit per tick, at a random moment of it
 TICK_S = 1.0
-BATCH = 200  # jobs enqueued per tick: more than the workers get through, so they are busy when killed
+BATCH = 200  # jobs enqueued per tick: more than the workers get through, so they are busy when hit
 JOB_S = 0.05  # how long each job takes
+STALL_S = 20.0  # the wait for the end fails when nothing moved for this long
 
 
 def identity_of(cog: CogEnv, worker: Worker) -> str | None:
@@ -43,83 +50,205 @@ def identity_of(cog: CogEnv, worker: Worker) -> str | None:
     return None
 
 
-def test_chaos_sigkill_a_random_worker_every_second(cog):
+def wait_while_moving(cog: CogEnv, done: Callable[[], bool], what: str) -> None:
+    """Waits until ``done()``; fails only when no job ran and nothing left
+    its place for STALL_S."""
+    last, moved_at = None, time.monotonic()
+    while not done():
+        state = (len(cog.notes()), tuple(sorted(leftovers(cog).items())))
+        if state != last:
+            last, moved_at = state, time.monotonic()
+        elif time.monotonic() - moved_at > STALL_S:
+            raise AssertionError(f"nothing moved for {STALL_S:.0f}s while waiting for {what}: {state}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Chaos:
+    cog: CogEnv
+    seed: int
+    jids: list[str] = field(default_factory=list)
+    hits: int = 0
+    unbeaten_hits: int = 0  # not registered when hit (not beaten yet, or stopped and forgotten)
+    held_at_hits: int = 0
+    samples: int = 0
+    killed_pids: set[int] = field(default_factory=set)
+    workers: list[Worker] = field(default_factory=list)
+    last_hit: float = 0.0
+
+
+def run_chaos(cog: CogEnv, hit: Callable[[Chaos, list[Worker], int], None], **settings: Any) -> Chaos:
+    """Streams jobs through WORKERS workers and hits one every tick; returns
+    once every job ran and nothing is left, after checking the invariants."""
     seed = int(os.environ.get("COGWORKER_CHAOS_SEED", random.randrange(1_000_000)))
     rng = random.Random(seed)
-    cog.configure(CONCURRENCY=CONCURRENCY)
-    began = time.monotonic()
+    cog.configure(CONCURRENCY=CONCURRENCY, **settings)
+    chaos = Chaos(cog, seed)
     workers = [cog.start_worker() for _ in range(WORKERS)]
     for worker in workers:
         worker.identity()
-
-    jids: list[str] = []
-    kills = 0
-    held_at_kills = 0
-    samples = 0
     for tick in range(TICKS):
         tick_ends = time.monotonic() + TICK_S
-        kill_at = time.monotonic() + rng.uniform(0.2, 0.9) * TICK_S
-        jids += jobs.pace.delay_many([((JOB_S, f"{tick}-{i}"), {}) for i in range(BATCH)])
+        hit_at = time.monotonic() + rng.uniform(0.2, 0.9) * TICK_S
+        chaos.jids += jobs.noted_pace.delay_many([((JOB_S, f"{tick}-{i}"), {}) for i in range(BATCH)])
         if tick % 4 == 1:
-            assert_each_in_one_place(cog, jids)
-            samples += 1
-        time.sleep(max(0.0, kill_at - time.monotonic()))
+            assert_each_in_one_place(cog, chaos.jids)
+            chaos.samples += 1
+        time.sleep(max(0.0, hit_at - time.monotonic()))
         index = rng.randrange(WORKERS)
-        victim = workers[index]
-        identity = identity_of(cog, victim)
-        if identity is not None:
-            held_at_kills += int(cog.redis.llen(keys().inprogress(identity)))
-        victim.signal(signal.SIGKILL)
-        victim.wait(10)
-        kills += 1
-        workers[index] = cog.start_worker()
+        identity = identity_of(cog, workers[index])
+        if identity is None:
+            chaos.unbeaten_hits += 1
+        else:
+            chaos.held_at_hits += int(cog.redis.llen(keys().inprogress(identity)))
+        hit(chaos, workers, index)
+        chaos.hits += 1
         time.sleep(max(0.0, tick_ends - time.monotonic()))
-    last_kill = time.monotonic()
+    chaos.last_hit = time.monotonic()
 
     def finished() -> bool:
-        return set(Counter(n["jid"] for n in cog.notes())) >= set(jids) and leftovers(cog) == {}
+        return {n["jid"] for n in cog.notes()} >= set(chaos.jids) and leftovers(cog) == {}
 
     try:
-        wait_for(finished, 40, "every job to run and nothing to be left after the last kill")
+        wait_while_moving(cog, finished, "every job to run and nothing to be left after the last hit")
     except AssertionError as exc:
-        never_ran = [jid for jid in jids if jid not in {n["jid"] for n in cog.notes()}]
+        ran = {n["jid"] for n in cog.notes()}
+        never_ran = [jid for jid in chaos.jids if jid not in ran]
         raise AssertionError(f"{exc}; left: {leftovers(cog)}; never ran: {never_ran[:10]}") from None
-    recovered_s = time.monotonic() - last_kill
-    # Every killed worker is forgotten: only the survivors are registered.
-    survivors = {worker.identity() for worker in workers}
-    k = keys()
-    wait_for(lambda: {i.decode() for i in cog.redis.smembers(k.processes)} == survivors, 10, "forgetting")
-    assert {i.decode() for i in cog.redis.smembers(k.inprogress_identities)} == survivors
-    assert {i.decode() for i in cog.redis.hkeys(k.last_beat)} == survivors
-    assert_each_in_one_place(cog, jids)
-    samples += 1
+    assert_each_in_one_place(cog, chaos.jids)
+    chaos.samples += 1
+    chaos.workers = workers
+    return chaos
 
+
+def report(chaos: Chaos, title: str, extra: str = "") -> tuple[list[str], int]:
+    cog = chaos.cog
     ran = Counter(n["jid"] for n in cog.notes())
-    lost = [jid for jid in jids if not ran[jid]]
-    second_runs = sum(count - 1 for jid, count in ran.items() if jid in set(jids))
+    lost = [jid for jid in chaos.jids if not ran[jid]]
+    second_runs = sum(count - 1 for jid, count in ran.items() if jid in set(chaos.jids))
     recovered = sum(
         int(n)
         for worker in cog.workers
         for n in re.findall(r"requeued (\d+) job\(s\) left in progress by dead process", worker.log())
     )
     print(
-        f"\nchaos (seed {seed}): {len(jids)} jobs, {WORKERS} workers x {CONCURRENCY} threads, "
-        f"{kills} SIGKILLs (holding {held_at_kills} jobs when killed, {recovered} put back by "
-        f"recovery), {len(lost)} lost, "
-        f"{second_runs} second runs (bound {kills * CONCURRENCY}), "
-        f"recovered {recovered_s:.1f}s after the last kill, {samples} invariant samples, "
-        f"{time.monotonic() - began:.1f}s in all"
+        f"\nchaos, {title} (seed {chaos.seed}): {len(chaos.jids)} jobs, {WORKERS} workers x {CONCURRENCY} "
+        f"threads, {chaos.hits} hits ({chaos.unbeaten_hits} of a worker not registered; holding "
+        f"{chaos.held_at_hits} jobs when hit, {recovered} put back by recovery), {len(lost)} lost, "
+        f"{second_runs} second runs (bound {chaos.hits * CONCURRENCY}), "
+        f"{time.monotonic() - chaos.last_hit:.1f}s from the last hit to the end, "
+        f"{chaos.samples} invariant samples{extra}"
     )
-    assert not lost, f"{len(lost)} jobs never ran"
-    assert leftovers(cog) == {}
-    assert second_runs <= kills * CONCURRENCY
-    assert kills == TICKS
-    assert recovered > 0, "no kill caught a worker holding jobs: the test proved nothing"
+    return lost, second_runs
 
-    # The survivors still shut down cleanly.
+
+def process_died(cog: CogEnv) -> list[dict[str, Any]]:
+    return [
+        entry
+        for entry in (decode(raw) for raw in cog.redis.zrange(keys().dead, 0, -1))
+        if entry.get("error_class") == "ProcessDied"
+    ]
+
+
+def shut_down(cog: CogEnv, workers: list[Worker]) -> None:
+    """The survivors still shut down cleanly, and deregister."""
     for worker in workers:
         worker.signal(signal.SIGTERM)
     for worker in workers:
         assert worker.wait(15) == 0
     assert leftovers(cog) == {}
+    k = keys()
     assert not cog.redis.smembers(k.processes) and not cog.redis.smembers(k.inprogress_identities)
+
+
+def sigkill(chaos: Chaos, workers: list[Worker], index: int) -> None:
+    victim = workers[index]
+    victim.signal(signal.SIGKILL)
+    victim.wait(10)
+    chaos.killed_pids.add(victim.pid)
+    workers[index] = chaos.cog.start_worker()
+
+
+def test_chaos_sigkill_a_random_worker_every_second(cog):
+    chaos = run_chaos(cog, sigkill, MAX_ORPHANINGS=3)
+    workers = chaos.workers
+    # Every killed worker is forgotten: only the survivors are registered.
+    survivors = {worker.identity() for worker in workers}
+    k = keys()
+    wait_while_moving(
+        cog, lambda: {i.decode() for i in cog.redis.smembers(k.processes)} == survivors, "forgetting"
+    )
+    assert {i.decode() for i in cog.redis.smembers(k.inprogress_identities)} == survivors
+    assert {i.decode() for i in cog.redis.hkeys(k.last_beat)} == survivors
+    lost, second_runs = report(chaos, "SIGKILL")
+    assert not lost, f"{len(lost)} jobs never ran"
+    assert second_runs <= chaos.hits * CONCURRENCY
+    assert chaos.hits == TICKS
+    assert chaos.held_at_hits > 0, "no kill caught a worker holding jobs: the test proved nothing"
+    assert process_died(cog) == [], "a job parked as a poison pill though no job kills its process"
+    shut_down(cog, workers)
+
+
+def running_when_killed(cog: CogEnv, jid: str, killed: set[int]) -> int:
+    """In how many of the killed processes the job had started and not finished."""
+    started = {n["pid"] for n in cog.notes("started") if n["jid"] == jid}
+    finished = {n["pid"] for n in cog.notes() if n["jid"] == jid}
+    return len((started - finished) & killed)
+
+
+def test_chaos_sigkill_with_max_orphanings_1_parks_only_jobs_running_at_two_kills(cog):
+    """G19 with G3 at its strictest: only a job that was running when its
+    process died is counted, so with MAX_ORPHANINGS=1 a job ends in dead
+    only if it was running in two killed processes (each counted run ends
+    the counter's patience). Fetched-for-a-thread jobs and finished jobs
+    whose ack was on its way are requeued without a count."""
+    chaos = run_chaos(cog, sigkill, MAX_ORPHANINGS=1)
+    workers = chaos.workers
+    dead = process_died(cog)
+    legit = {e["jid"]: running_when_killed(cog, e["jid"], chaos.killed_pids) for e in dead}
+    lost, second_runs = report(
+        chaos, "SIGKILL, MAX_ORPHANINGS=1", f", {len(dead)} parked in dead ({sorted(legit.items())})"
+    )
+    assert not lost
+    assert second_runs <= chaos.hits * CONCURRENCY
+    for jid, running in legit.items():
+        assert running >= 2, (
+            f"jid={jid} filed in dead as ProcessDied though it ran in {running} killed process"
+        )
+    shut_down(cog, workers)
+
+
+def test_chaos_sigstop_a_random_worker_past_the_threshold(cog):
+    """G18 and G2 under load: a worker stopped past ORPHAN_THRESHOLD loses
+    its jobs to the others; continued, it finishes what it was running (the
+    only second runs) and starts nothing it no longer owns; nothing is
+    parked, every worker is still alive at the end."""
+    threshold_s = float(cog.overrides["ORPHAN_THRESHOLD"])
+    stopped: list[tuple[Worker, float]] = []
+
+    def stop_and_continue(chaos: Chaos, workers: list[Worker], index: int) -> None:
+        # Continue the workers stopped long enough ago; one stopped at a time
+        # at most, so that the others can recover its jobs.
+        for worker, at in list(stopped):
+            if time.monotonic() - at > threshold_s + 1.5:
+                worker.signal(signal.SIGCONT)
+                stopped.remove((worker, at))
+        if not stopped:
+            workers[index].signal(signal.SIGSTOP)
+            stopped.append((workers[index], time.monotonic()))
+
+    try:
+        chaos = run_chaos(cog, stop_and_continue, MAX_ORPHANINGS=TICKS + 1)
+    finally:
+        for worker, _ in stopped:
+            worker.signal(signal.SIGCONT)
+    workers = chaos.workers
+    stops = sum(w.log().count("left in progress by dead process") for w in cog.workers)
+    revived = sum(w.log().count("not starting a job fetched") for w in cog.workers)
+    lost, second_runs = report(chaos, "SIGSTOP past the threshold", f", {revived} fetched jobs not started")
+    assert not lost
+    assert stops > 0, "no stop lasted long enough for a recovery: the test proved nothing"
+    assert second_runs <= stops * CONCURRENCY
+    assert process_died(cog) == []
+    assert all(worker.alive() for worker in workers)
+    shut_down(cog, workers)

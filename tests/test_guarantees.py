@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -39,7 +37,7 @@ from django_cogworker.payload import encode
 from django_cogworker.recovery import ORPHANINGS_TTL_S
 from django_cogworker.scripts import script
 from testproject.testapp import jobs
-from tests.conftest import CogEnv, RedisServer, Worker, wait_for
+from tests.conftest import CogEnv, kill, wait_for
 
 RECORD = "testproject.testapp.jobs.record"
 
@@ -165,7 +163,7 @@ def run_requeue(
     return list(
         script("requeue")(
             client or cog.redis,
-            [k.inprogress(identity), k.process(identity), k.last_beat, k.repeat_orphans, k.dead],
+            [k.inprogress(identity), k.process(identity), k.last_beat, k.repeat_orphans, k.dead, k.beats],
             [
                 k.queue_prefix,
                 "default",
@@ -177,102 +175,11 @@ def run_requeue(
                 k.orphanings_prefix,
                 ORPHANINGS_TTL_S,
                 max_orphanings,
+                "",  # no stall check: these tests plant beats by hand
                 *marks,
             ],
         )
     )
-
-
-def kill(worker: Worker) -> None:
-    worker.signal(signal.SIGKILL)
-    worker.wait(10)
-
-
-@pytest.fixture
-def own_redis(cog: CogEnv, tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
-    """Starts a redis-server of this test's own (to restart it, flush its
-    scripts, rename its commands, or read its command stats) and points the
-    test's settings and workers at it."""
-    servers: list[RedisServer] = []
-    session_url, session_client = cog.url, cog.redis
-
-    def start(*, appendonly: bool = False, extra: list[str] | None = None) -> RedisServer:
-        directory = tmp_path / f"redis-{len(servers)}"
-        directory.mkdir()
-        server = RedisServer(str(directory), appendonly=appendonly)
-        server.start(extra)
-        servers.append(server)
-        if cog.redis is not session_client:
-            cog.redis.close()
-        cog.url = server.url
-        cog.redis = redis.Redis.from_url(server.url)
-        cog.overrides["REDIS_URL"] = server.url
-        cog.apply()
-        return server
-
-    yield start
-    for worker in cog.workers:
-        if worker.alive():
-            kill(worker)
-    if cog.redis is not session_client:
-        cog.redis.close()
-    for server in servers:
-        server.stop(signal.SIGKILL)
-    cog.url, cog.redis = session_url, session_client
-    cog.overrides.pop("REDIS_URL", None)
-    cog.apply()
-
-
-class InProcessWorker:
-    """A worker (Launcher) run in a thread of the test process, so that a
-    test can patch one of its calls. Stopped as SIGTERM would stop it."""
-
-    def __init__(self, **launcher_options: Any) -> None:
-        self.launcher = Launcher(get_config(), **launcher_options)
-        self.thread = threading.Thread(target=self.launcher.run, name="in-process-worker", daemon=True)
-
-    @property
-    def identity(self) -> str:
-        return self.launcher.identity
-
-    @property
-    def manager(self) -> Manager:
-        return self.launcher.manager
-
-    def start(self) -> InProcessWorker:
-        self.thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.thread.is_alive():
-            self.launcher.signals.put("stop")
-            self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the in-process worker did not stop"
-
-
-@pytest.fixture
-def worker_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """What in-process workers log (the logger does not propagate to the root)."""
-    logger = logging.getLogger("django_cogworker")
-    logger.addHandler(caplog.handler)
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
-
-
-@pytest.fixture
-def in_process() -> Iterator[Callable[..., InProcessWorker]]:
-    started: list[InProcessWorker] = []
-
-    def make(**options: Any) -> InProcessWorker:
-        worker = InProcessWorker(**options).start()
-        started.append(worker)
-        return worker
-
-    yield make
-    for worker in started:
-        worker.stop()
 
 
 def fail_acking_fetch(
@@ -281,18 +188,21 @@ def fail_acking_fetch(
     """Makes the fetch that carries a finished job's ack fail with a
     connection error, ``times`` times (None: always): before reaching Redis,
     or (``reply_lost``) after Redis ran it, the reply lost on the way back."""
-    original = ReliableFetch.retrieve
+    original = ReliableFetch.fetch
     calls: list[str] = []
 
-    def retrieve(self: ReliableFetch, done: Any = None) -> Any:
-        if done is None or (times is not None and calls.count("fail") >= times):
-            return original(self, done)
+    def fetch(self: ReliableFetch, queues: list[str], slots: Any, done: Any = None) -> Any:
+        if not (done or self.acks) or (times is not None and calls.count("fail") >= times):
+            return original(self, queues, slots, done)
         calls.append("fail")
         if reply_lost:
-            original(self, done)
+            original(self, queues, slots, done)
+        else:
+            with self._acks_lock:
+                self.acks = []  # taken for the call: they stay pending in the manager's memory
         raise redis.ConnectionError("injected failure of the fetch that acknowledges")
 
-    monkeypatch.setattr(ReliableFetch, "retrieve", retrieve)
+    monkeypatch.setattr(ReliableFetch, "fetch", fetch)
     return calls
 
 
@@ -1223,7 +1133,6 @@ def test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues(cog):
 
 def test_g3_a_poison_pill_filed_in_dead_is_counted_failed_and_its_on_exhausted_called(cog):
     from django_cogworker.conf import get_config
-    from django_cogworker.launcher import Launcher
 
     launcher = Launcher(get_config(), identity="test-burier")
     pill = jobs.fail_with_hook.payload(("pill",), {})

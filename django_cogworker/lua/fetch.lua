@@ -3,12 +3,11 @@
 -- finished and takes the next jobs for its idle threads.
 -- KEYS[1..Q] = queue lists, in the order to try (strict, or a weighted
 --              shuffle made by the caller); KEYS[Q+1] = this process's
---              in-progress list; KEYS[Q+2..] = orphan counters to delete
---              (of acknowledged jobs that were once recovered from a dead
---              process: their crashes were not their doing).
+--              in-progress list.
 -- ARGV[1] = Q; ARGV[2] = how many jobs to take at most (from the first
 -- queue that has any; a recovered job is always taken alone); ARGV[3..] =
--- finished jobs, exactly as fetched, to acknowledge.
+-- finished jobs, exactly as fetched, to acknowledge (never recovered ones:
+-- those are acknowledged at once, with their orphan counter, by ack.lua).
 -- Returns {index of the queue, job, job...}; false when every queue is
 -- empty; {0, "<key>: <error>"} when they are empty or broken.
 -- LMOVE is atomic: a job is on exactly one of the two lists at every moment.
@@ -16,9 +15,6 @@ local nqueues = tonumber(ARGV[1])
 local inprogress = KEYS[nqueues + 1]
 for i = 3, #ARGV do
   redis.call("LREM", inprogress, 1, ARGV[i])
-end
-for i = nqueues + 2, #KEYS do
-  redis.pcall("DEL", KEYS[i])
 end
 -- A queue key of the wrong type is skipped, not allowed to stop the others
 -- (G12); when nothing was found the caller hears of it, to log it.

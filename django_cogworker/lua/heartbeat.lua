@@ -3,7 +3,10 @@
 -- KEYS[3] = last_beat hash, KEYS[4] = inprogress_identities set,
 -- KEYS[5] = workers hash (jobs running now), KEYS[6] = signals list,
 -- KEYS[7] = stat:processed, KEYS[8] = stat:failed,
--- KEYS[9] = stat:processed:<day>, KEYS[10] = stat:failed:<day>.
+-- KEYS[9] = stat:processed:<day>, KEYS[10] = stat:failed:<day>,
+-- KEYS[11] = the beats hash ("last": the latest beat of any process;
+-- "since": when beats resumed after the last silence longer than the
+-- presence TTL; requeue.lua reads both, G2).
 -- ARGV[1] = identity, ARGV[2] = presence TTL (s), ARGV[3] = processed since
 -- the last beat, ARGV[4] = failed since the last beat, ARGV[5] = "1" to
 -- register in inprogress_identities (reliable fetch), ARGV[6] = TTL of the
@@ -41,6 +44,12 @@ redis.call("HSET", KEYS[1], unpack(fields))
 redis.call("EXPIRE", KEYS[1], ARGV[2])
 redis.call("SADD", KEYS[2], identity)
 redis.call("HSET", KEYS[3], identity, string.format("%.6f", now))
+-- pcall: a beats hash of the wrong type only weakens the stall check.
+local latest = tonumber(redis.pcall("HGET", KEYS[11], "last"))
+if (not latest) or now - latest > tonumber(ARGV[2]) then
+  redis.pcall("HSET", KEYS[11], "since", string.format("%.6f", now))
+end
+redis.pcall("HSET", KEYS[11], "last", string.format("%.6f", now))
 -- pcall: a registry of the wrong type must not stop the beat itself (G12):
 -- failing here, a process would never get past its first beat, and a
 -- running one would stop recording its jobs and reading its signals. The

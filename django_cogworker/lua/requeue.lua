@@ -3,15 +3,18 @@
 -- process's list (orphan recovery), or this process's own on shutdown.
 --
 -- KEYS[1] = the in-progress list, KEYS[2] = its owner's presence key,
--- KEYS[3] = last_beat hash, KEYS[4] = repeat_orphans list, KEYS[5] = dead ZSET.
+-- KEYS[3] = last_beat hash, KEYS[4] = repeat_orphans list, KEYS[5] = dead ZSET,
+-- KEYS[6] = the beats hash (heartbeat.lua: "last" beat of any process,
+-- "since": when beats last resumed after a silence).
 -- ARGV[1..4] = requeue_job's queue prefix, default queue, periodic lock
 -- prefix, lock TTL; ARGV[5] = owner identity; ARGV[6] = orphan threshold in
 -- seconds, or "" to requeue unconditionally (own list, at shutdown);
 -- ARGV[7] = the caller's clock (epoch s), used only if TIME is refused;
 -- ARGV[8] = orphan counter key prefix, ARGV[9] = its TTL, ARGV[10] =
--- MAX_ORPHANINGS; ARGV[11..] = "d:<job>" (finished, only the ack failed:
--- dropped, which is their ack) or "k:<job>" (kept on the list: the caller
--- hands them to unsettled next).
+-- MAX_ORPHANINGS; ARGV[11] = the longest silence of all beats (s) that is
+-- not taken for a Redis stall (HEARTBEAT_TTL); ARGV[12..] = "d:<job>"
+-- (finished, only the ack failed: dropped, which is their ack) or
+-- "k:<job>" (kept on the list: the caller hands them to unsettled next).
 --
 -- Returns {moved, <jobs filed straight into dead, raw>...}, or {-1} when the
 -- owner turned out to be alive.
@@ -32,6 +35,21 @@ if ARGV[6] ~= "" then
     local now = tonumber(ARGV[7])
     local ok, time = pcall(redis.call, "TIME")
     if ok then now = tonumber(time[1]) + tonumber(time[2]) / 1000000 end
+    -- A stall of Redis itself (DEBUG SLEEP, a slow fork, a paused VM)
+    -- silences every process at once: presence keys expire and stamps age
+    -- while their owners live. Such a silence shows as a gap longer than a
+    -- presence key lives in the beats of all processes; a live owner beats
+    -- again within HEARTBEAT_TTL of Redis answering again. So no one is
+    -- judged dead while such a gap is under way (nobody beat for that long),
+    -- nor until beats have run for that long since it ended.
+    if ARGV[11] ~= "" then
+      local gap = tonumber(ARGV[11])
+      local since = tonumber(redis.call("HGET", KEYS[6], "since") or "")
+      local latest = tonumber(redis.call("HGET", KEYS[6], "last") or "")
+      if (latest and now - latest > gap) or (since and now - since <= gap) then
+        return {-1}
+      end
+    end
     if now - last <= tonumber(ARGV[6]) then
       return {-1}
     end
@@ -39,7 +57,7 @@ if ARGV[6] ~= "" then
 end
 
 local finished, keep = {}, {}
-for i = 11, #ARGV do
+for i = 12, #ARGV do
   local mark, payload = string.sub(ARGV[i], 1, 2), string.sub(ARGV[i], 3)
   if mark == "d:" then finished[payload] = true else keep[payload] = true end
 end

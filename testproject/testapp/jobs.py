@@ -145,3 +145,29 @@ def db_close_probe(close_in_s: float, tag: object = None) -> None:
     _note("runs", tag=tag, had_connection=connection.connection is not None)
     connection.ensure_connection()
     connection.close_at = time.monotonic() + close_in_s
+
+
+@job(retry=1, retry_in=lambda count, exc: 0.1)
+def wait_for_go(tag: object = None, timeout_s: float = 30.0) -> None:
+    """Notes its start, then waits until ``test:go:<pid>`` is set for this
+    process (so a test decides when each process's run ends); fails, after
+    that, in a process for which ``test:fail:<pid>`` is set."""
+    _note("started", tag=tag)
+    namespace, pid = get_config().namespace, os.getpid()
+    deadline = time.monotonic() + timeout_s
+    while not get_redis().exists(f"{namespace}:test:go:{pid}"):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no go")
+        time.sleep(0.02)
+    _note("runs", tag=tag)
+    if get_redis().exists(f"{namespace}:test:fail:{pid}"):
+        raise ValueError("failed after going on")
+
+
+@job(retry_in=lambda count, exc: 0.2)
+def noted_pace(seconds: float, tag: object = None) -> None:
+    """As ``pace``, but notes its start too: a test can then tell which
+    jobs were running (started, not finished) in a process it killed."""
+    _note("started", tag=tag)
+    time.sleep(seconds)
+    _note("runs", tag=tag)
