@@ -15,7 +15,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from django_cogworker import api
-from django_cogworker.admin_views import segment
+from django_cogworker.admin.helpers import segment
 from django_cogworker.payload import encode
 from testproject.testapp import jobs
 from tests.conftest import wait_for

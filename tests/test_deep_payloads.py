@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from django_cogworker import api, testing
-from django_cogworker.admin_views import segment
+from django_cogworker.admin.helpers import segment
 from django_cogworker.connection import get_keys
 from django_cogworker.payload import MAX_ARGUMENT_DEPTH, MAX_DEPTH, encode
 from testproject.testapp import jobs

@@ -1,12 +1,16 @@
-"""Admin pages of the job sets: scheduled, retries, dead and unsettled.
+"""The set tabs (scheduled, retries, dead, unsettled): lists, job pages, actions.
 
-Each set has a paginated list (filter by job name and queue, search by jid
-or error text), a detail page per job, and actions on one job (from its
-page), on the selected jobs, or on every job matching the filter: retry
-now, delete, kill. Bulk and "all" actions ask for confirmation first.
+Duties: what each set page is (``SET_PAGES``: its title, its set in
+``django_cogworker.api``, the actions it offers, what an entry's time
+means), the paginated list (filter by job name and queue, search by jid or
+error text), and the actions on the selected jobs or on every job matching
+the filter: retry now, delete, kill, each confirmed on a page first, then a
+POST; and one job's page (arguments, keyword arguments, error, backtrace,
+the times of its history, the payload as stored) with the same actions on
+it alone.
 
 Unfiltered lists read one page by offset (ZRANGE); filtered ones scan with
-a server-side pattern (``api`` ``filter_page``), so a set of 100,000 jobs
+a server-side pattern (the API's ``filter_page``), so a set of 100,000 jobs
 never comes whole into Python to show 25.
 """
 
@@ -23,13 +27,11 @@ from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from django_cogworker import api
-from django_cogworker.admin_views import (
+from django_cogworker.admin.display import When, args_text, job_details
+from django_cogworker.admin.helpers import (
     PER_PAGE,
-    When,
     admin_url,
-    args_text,
     context,
-    job_details,
     page_links,
     paginate,
     render,
@@ -50,13 +52,13 @@ ACTION_DONE = {"retry": "Retried", "delete": "Deleted", "kill": "Killed"}
 class SetPage:
     slug: str
     title: str
-    source: type[api.SortedSet] | type[api.UnsettledSet]
+    source: type[api.JobSet]
     actions: tuple[str, ...]
     #: What the entry's score means on this page.
     when_label: str
     description: str
 
-    def jobs(self) -> api.SortedSet | api.UnsettledSet:
+    def jobs(self) -> api.JobSet:
         return self.source()
 
 
@@ -96,6 +98,13 @@ SET_PAGES = {
 }
 
 
+def _page_of(set_name: str) -> SetPage:
+    page = SET_PAGES.get(set_name)
+    if page is None:
+        raise Http404("no such set")
+    return page
+
+
 @dataclass(frozen=True)
 class Filters:
     name: str
@@ -114,12 +123,10 @@ class Filters:
     def active(self) -> bool:
         return bool(self.name or self.queue or self.search)
 
-    def matching(self, jobs: api.SortedSet | api.UnsettledSet) -> list[api.JobRecord]:
+    def matching(self, jobs: api.JobSet) -> list[api.JobRecord]:
         return jobs.filter(name=self.name or None, queue=self.queue or None, search=self.search or None)
 
-    def page(
-        self, jobs: api.SortedSet | api.UnsettledSet, offset: int, limit: int
-    ) -> tuple[int, list[api.JobRecord]]:
+    def page(self, jobs: api.JobSet, offset: int, limit: int) -> tuple[int, list[api.JobRecord]]:
         return jobs.filter_page(
             name=self.name or None,
             queue=self.queue or None,
@@ -142,6 +149,11 @@ class Filters:
         if self.search:
             parts.append(f"jid or error contains {self.search!r}")
         return " and ".join(parts)
+
+
+def _list_url(model_admin: ModelAdmin, page: SetPage, filters: Filters | None = None) -> str:
+    url = admin_url(model_admin, "set", page.slug)
+    return f"{url}?{filters.query}" if filters and filters.query else url
 
 
 @dataclass(frozen=True)
@@ -171,27 +183,13 @@ def _row(model_admin: ModelAdmin, page: SetPage, record: api.JobRecord) -> JobRo
     )
 
 
-def _page_of(set_name: str) -> SetPage:
-    page = SET_PAGES.get(set_name)
-    if page is None:
-        raise Http404("no such set")
-    return page
-
-
-def _list_url(model_admin: ModelAdmin, page: SetPage, filters: Filters | None = None) -> str:
-    url = admin_url(model_admin, "set", page.slug)
-    return f"{url}?{filters.query}" if filters and filters.query else url
-
-
-def _fetch(
-    jobs: api.SortedSet | api.UnsettledSet, filters: Filters, offset: int, limit: int
-) -> tuple[int, list[api.JobRecord]]:
+def _fetch(jobs: api.JobSet, filters: Filters, offset: int, limit: int) -> tuple[int, list[api.JobRecord]]:
     if filters.active:
         return filters.page(jobs, offset, limit)
     return jobs.size, jobs.page(offset, limit)
 
 
-# -- list -------------------------------------------------------------------------
+# -- the list --------------------------------------------------------------------
 
 
 def set_list(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> HttpResponse:

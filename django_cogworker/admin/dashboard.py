@@ -1,0 +1,49 @@
+"""The dashboard tab: processed/failed history chart, queue sizes and
+latency, live processes (SPEC section 7). Read only."""
+
+from __future__ import annotations
+
+from django.contrib.admin import ModelAdmin
+from django.http import HttpRequest, HttpResponse
+
+from django_cogworker import api
+from django_cogworker.admin import chart
+from django_cogworker.admin.helpers import (
+    REFRESH_CHOICES_S,
+    context,
+    process_rows,
+    queue_rows,
+    render,
+    require_view,
+)
+
+#: Day ranges offered by the dashboard's history chart.
+HISTORY_DAYS = (7, 30, 90)
+
+
+def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
+    require_view(request, model_admin)
+    try:
+        days = int(request.GET.get("days", "30"))
+    except ValueError:
+        days = 30
+    if days not in HISTORY_DAYS:
+        days = 30
+    history = api.Stats.history(days)
+    ctx = context(
+        request,
+        model_admin,
+        title="Jobs dashboard",
+        tab="dashboard",
+        days=days,
+        history_days=HISTORY_DAYS,
+        chart=chart.history_chart(history),
+        history_processed=sum(p for _, p, _ in history),
+        history_failed=sum(f for _, _, f in history),
+        queues=queue_rows(model_admin),
+        refresh_choices=REFRESH_CHOICES_S,
+    )
+    ctx["process_rows"] = process_rows(ctx["processes"])
+    ctx["busy"] = sum(p.busy for p in ctx["processes"])
+    ctx["threads"] = sum(p.concurrency for p in ctx["processes"])
+    return render(request, model_admin, "dashboard.html", ctx)

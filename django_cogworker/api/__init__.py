@@ -1,0 +1,59 @@
+"""The inspection API: what the admin pages (and operators' scripts) use.
+
+``Queue``, ``ScheduledSet``, ``RetrySet``, ``DeadSet``, ``UnsettledSet``,
+``JobRecord`` (with ``retry()``, ``delete()``, ``kill()``), ``ProcessSet``,
+``Workers``, ``InProgress``, ``Stats`` and ``PeriodicEntries`` (SPEC section
+2). The admin calls only this package; no view builds a key or runs a Redis
+command itself. Every move is one script that writes before it removes and
+does nothing if someone else moved the entry first. Whatever Redis holds is
+read through ``payload.parse``: an entry that cannot be read (not JSON,
+nested thousands deep) is shown as unreadable, never an exception (SPEC
+section 8). A Redis error reaches the caller as ``CogworkerError``:
+``RedisUnavailable`` when Redis cannot be reached, ``RedisRefused`` when it
+answered with an error (``errors.redis_boundary``, the one translation).
+
+One module per role:
+
+- ``records``: ``JobRecord``, its actions, ``bulk()``, ``job_names()``;
+- ``queues``: ``Queue``;
+- ``sets``: ``JobSet`` and its two kinds, ``SortedSet`` (``ScheduledSet``,
+  ``RetrySet``, ``DeadSet``) and ``UnsettledSet``;
+- ``processes``: ``ProcessSet``, ``Workers``, ``RunningJob``, ``InProgress``;
+- ``stats``: ``Stats`` and its daily history;
+- ``periodic``: ``PeriodicEntries``;
+- ``parsing``: reading untrusted entries and fields, and the byte-level
+  prefilters of the sets' search.
+"""
+
+from __future__ import annotations
+
+from django_cogworker.api.periodic import PeriodicEntries, PeriodicEntry
+from django_cogworker.api.processes import InProgress, ProcessRecord, ProcessSet, RunningJob, Workers
+from django_cogworker.api.queues import Queue
+from django_cogworker.api.records import ACTIONS, BULK_BATCH_SIZE, PAGE_SIZE, JobRecord, bulk, job_names
+from django_cogworker.api.sets import DeadSet, JobSet, RetrySet, ScheduledSet, SortedSet, UnsettledSet
+from django_cogworker.api.stats import Stats
+
+__all__ = [
+    "ACTIONS",
+    "BULK_BATCH_SIZE",
+    "PAGE_SIZE",
+    "DeadSet",
+    "InProgress",
+    "JobRecord",
+    "JobSet",
+    "PeriodicEntries",
+    "PeriodicEntry",
+    "ProcessRecord",
+    "ProcessSet",
+    "Queue",
+    "RetrySet",
+    "RunningJob",
+    "ScheduledSet",
+    "SortedSet",
+    "Stats",
+    "UnsettledSet",
+    "Workers",
+    "bulk",
+    "job_names",
+]

@@ -1,0 +1,92 @@
+"""The periodic entries, as the admin's periodic page shows them.
+
+Duties: ``PeriodicEntries()`` lists the entries this process knows
+(``COGWORKER["PERIODIC"]`` and ``@periodic``, read through
+``django_cogworker.periodic``), each a ``PeriodicEntry`` with when it runs
+next, when any process last enqueued it, and whether an ``until_executed``
+run holds its running lock (a run is queued or running). Reading is one
+round trip. Redis errors reach the caller as ``CogworkerError``
+(``errors.redis_boundary``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django_cogworker import periodic
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.errors import redis_boundary
+
+
+@dataclass
+class PeriodicEntry:
+    pjid: str
+    job: str
+    cron: str
+    tz: str
+    queue: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    until_executed: bool
+    next_run: dt.datetime
+    last_run: dt.datetime | None  # last enqueued by any process
+    running: bool  # the running lock is held: a run is queued or running
+
+    @property
+    def name(self) -> str:
+        return self.job
+
+
+class PeriodicEntries:
+    """The periodic entries this process knows (``COGWORKER["PERIODIC"]`` and
+    ``@periodic``), with when each runs next, when it was last enqueued and
+    whether an ``until_executed`` run holds its running lock."""
+
+    def __iter__(self) -> Iterator[PeriodicEntry]:
+        yield from self.all()
+
+    def __len__(self) -> int:
+        return len(self.all())
+
+    @property
+    def size(self) -> int:
+        return len(self.all())
+
+    @redis_boundary("read the periodic entries")
+    def all(self) -> list[PeriodicEntry]:
+        entries = periodic.entries()
+        if not entries:
+            return []
+        client, k = get_redis(), get_keys()
+        pipe = client.pipeline(transaction=False)
+        pipe.hmget(k.periodic_last, [e.pjid for e in entries])
+        for entry in entries:
+            pipe.exists(k.periodic_running(entry.pjid))
+        last, *running = pipe.execute()
+        now = time.time()
+        records = []
+        for entry, last_at, held in zip(entries, last, running, strict=True):
+            last_run = None if last_at is None else dt.datetime.fromtimestamp(float(last_at), tz=dt.UTC)
+            records.append(
+                PeriodicEntry(
+                    pjid=entry.pjid,
+                    job=entry.job,
+                    cron=entry.cron,
+                    tz=entry.tz,
+                    queue=periodic.entry_queue(entry),
+                    args=list(entry.args),
+                    kwargs=dict(entry.kwargs),
+                    until_executed=entry.until_executed,
+                    next_run=dt.datetime.fromtimestamp(entry.schedule.next_run(now), tz=dt.UTC),
+                    last_run=last_run,
+                    running=bool(held),
+                )
+            )
+        return records
+
+    def find(self, pjid: str) -> PeriodicEntry | None:
+        return next((e for e in self.all() if e.pjid == pjid), None)

@@ -1,0 +1,242 @@
+"""Live worker processes and the jobs running in them.
+
+Duties: ``ProcessSet`` lists the live processes (those whose presence key is
+still there) with what their heartbeat records: identity, hostname, pid,
+tag, concurrency, busy, queues, quiet, last beat; and sends one "quiet" or
+"stop", which it acts on at its next beat. ``Workers`` lists the jobs
+running now, as each process's last beat summarised them (``RunningJob``,
+a bounded summary, not the payload). ``InProgress`` reads one process's
+in-progress list, read only: a job there is its process's alone (G2).
+A malformed field is shown as a default, never an exception (SPEC section
+8). Redis errors reach the caller as ``CogworkerError``
+(``errors.redis_boundary``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django_cogworker.api.parsing import as_dict, as_list, field_text, json_field, loads_object, number
+from django_cogworker.api.records import JobRecord
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.errors import redis_boundary
+from django_cogworker.payload import Payload, args_preview
+
+#: How long an unread signal waits for its process (s).
+SIGNAL_TTL_S = 3600
+
+
+@dataclass
+class ProcessRecord:
+    identity: str
+    hostname: str
+    pid: int
+    tag: str
+    concurrency: int
+    busy: int
+    queues: list[str]
+    quiet: bool
+    started_at: float
+    last_beat: float
+    rss_kb: int
+    fetch: str
+    recovery: dict[str, Any]
+
+    def quiet_it(self) -> None:
+        ProcessSet.signal(self.identity, "quiet")
+
+    def stop_it(self) -> None:
+        ProcessSet.signal(self.identity, "stop")
+
+
+class ProcessSet:
+    """Live worker processes (their presence key still there)."""
+
+    def __iter__(self) -> Iterator[ProcessRecord]:
+        yield from self.all()
+
+    @redis_boundary("list the worker processes")
+    def all(self) -> list[ProcessRecord]:
+        client, k = get_redis(), get_keys()
+        identities = sorted(m.decode() for m in client.smembers(k.processes))
+        pipe = client.pipeline(transaction=False)
+        for identity in identities:
+            pipe.hgetall(k.process(identity))
+        records = []
+        for identity, raw in zip(identities, pipe.execute(), strict=True):
+            if not raw:
+                continue  # presence key expired: not live
+            h = {key.decode(): value.decode("utf-8", "replace") for key, value in raw.items()}
+            records.append(
+                ProcessRecord(
+                    identity=identity,
+                    hostname=h.get("hostname", ""),
+                    pid=number(h.get("pid"), int),
+                    tag=h.get("tag", ""),
+                    concurrency=number(h.get("concurrency"), int),
+                    busy=number(h.get("busy"), int),
+                    queues=[str(q) for q in json_field(h.get("queues", "[]"), [])],
+                    quiet=h.get("quiet") == "1",
+                    started_at=number(h.get("started_at"), float),
+                    last_beat=number(h.get("beat"), float),
+                    rss_kb=number(h.get("rss_kb"), int),
+                    fetch=h.get("fetch", ""),
+                    recovery=json_field(h.get("recovery", "{}"), {}),
+                )
+            )
+        return records
+
+    @property
+    def size(self) -> int:
+        return len(self.all())
+
+    @staticmethod
+    @redis_boundary("signal a worker process")
+    def signal(identity: str, what: str) -> None:
+        """Sends "quiet" or "stop" to a process; it acts at its next beat."""
+        if what not in ("quiet", "stop"):
+            raise ValueError(f"unknown signal {what!r}: use 'quiet' or 'stop'")
+        client, k = get_redis(), get_keys()
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(k.signals(identity), what)
+        pipe.expire(k.signals(identity), SIGNAL_TTL_S)
+        pipe.execute()
+
+    @staticmethod
+    @redis_boundary("read the last recovery report")
+    def last_recovery() -> dict[str, Any]:
+        raw = get_redis().get(get_keys().recovery_report)
+        return (loads_object(raw) or {}) if raw else {}
+
+
+@dataclass
+class RunningJob:
+    """A job running now, as its process's last beat summarised it (the
+    ``N:workers`` record: a bounded summary, not the payload)."""
+
+    identity: str
+    jid: str
+    queue: str
+    run_at: float
+    name: str = ""
+    #: The arguments on one line, cut at ``payload.ARGS_PREVIEW_CHARS``.
+    args_preview: str = ""
+    thread: int | None = None
+    retry_count: int | None = None
+    #: Why its payload cannot be read ("" when it can).
+    unreadable: str = ""
+    _payload: Payload | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, identity: str, jid: str, record: bytes) -> RunningJob:
+        info = loads_object(record)
+        if info is None:
+            return cls(identity, jid, "", 0.0, unreadable="its record in Redis is unreadable")
+        retry_count = info.get("retry_count")
+        common: dict[str, Any] = {
+            "identity": identity,
+            "jid": jid,
+            "queue": str(info.get("queue") or ""),
+            "run_at": number(info.get("run_at"), float),
+            "thread": info["thread"] if type(info.get("thread")) is int else None,
+        }
+        if "payload" in info:
+            # The shape written before summaries, by a process not yet
+            # upgraded: the whole payload.
+            payload = loads_object(str(info["payload"])) or {}
+            retry_count = payload.get("retry_count")
+            return cls(
+                **common,
+                name=str(payload.get("job") or ""),
+                args_preview=args_preview(as_list(payload.get("args")), as_dict(payload.get("kwargs"))),
+                retry_count=retry_count if type(retry_count) is int else None,
+                unreadable="" if payload else "payload is not a readable JSON object",
+                _payload=payload,
+            )
+        return cls(
+            **common,
+            name=str(info.get("job") or ""),
+            args_preview=str(info.get("args_preview") or ""),
+            retry_count=retry_count if type(retry_count) is int else None,
+            unreadable=str(info.get("unreadable") or ""),
+        )
+
+    @property
+    def payload(self) -> Payload:
+        """The whole payload, read from the process's in-progress list when
+        first asked for ({} once the job is no longer there, or under basic
+        fetch, which keeps no such list)."""
+        if self._payload is None:
+            record = InProgress(self.identity).find(self.jid) if self.jid else None
+            self._payload = dict(record.payload) if record is not None and not record.unreadable else {}
+        return self._payload
+
+    @property
+    def running_for_s(self) -> float:
+        return max(0.0, time.time() - self.run_at)
+
+
+class Workers:
+    """Jobs running now, as last reported by each live process's heartbeat."""
+
+    def __iter__(self) -> Iterator[RunningJob]:
+        yield from self.all()
+
+    @redis_boundary("list the running jobs")
+    def all(self) -> list[RunningJob]:
+        client, k = get_redis(), get_keys()
+        identities = sorted(m.decode() for m in client.smembers(k.processes))
+        pipe = client.pipeline(transaction=False)
+        for identity in identities:
+            pipe.hgetall(k.workers(identity))
+        jobs = []
+        for identity, entries in zip(identities, pipe.execute(), strict=True):
+            for jid, record in (entries or {}).items():
+                jobs.append(RunningJob.of(identity, jid.decode("utf-8", "replace"), record))
+        return sorted(jobs, key=lambda j: j.run_at)
+
+    @property
+    def size(self) -> int:
+        return len(self.all())
+
+
+class InProgress:
+    """One process's in-progress list (``N:inprogress:<identity>``): the jobs
+    it fetched and has not finished, about ``CONCURRENCY`` of them. Read
+    only: a job there is its process's alone (G2), so its records offer no
+    action."""
+
+    def __init__(self, identity: str) -> None:
+        self.identity = identity
+        self.key = get_keys().inprogress(identity)
+
+    def __repr__(self) -> str:
+        return f"<InProgress {self.identity}>"
+
+    @property
+    @redis_boundary("read a process's in-progress jobs")
+    def size(self) -> int:
+        return int(get_redis().llen(self.key))
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        with redis_boundary("read a process's in-progress jobs"):
+            raws = get_redis().lrange(self.key, 0, -1)
+        for raw in raws:
+            yield JobRecord(raw, source=self.key, kind="inprogress")
+
+    @redis_boundary("find a running job")
+    def find(self, jid: str) -> JobRecord | None:
+        """The job with this jid, or None (finished, or never here)."""
+        for raw in get_redis().lrange(self.key, 0, -1):
+            # Most entries are settled from the bytes: a large payload is
+            # parsed only when it is likely the one.
+            if field_text(raw, "jid") not in (None, jid):
+                continue
+            record = JobRecord(raw, source=self.key, kind="inprogress")
+            if record.jid == jid:
+                return record
+        return None

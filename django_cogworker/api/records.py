@@ -1,0 +1,261 @@
+"""One job as stored, and what can be done to it.
+
+Duties: ``JobRecord`` reads an entry of a queue, a sorted set, the
+unsettled list or an in-progress list through ``payload.parse`` (an entry
+that cannot be read is shown as unreadable, never an exception: SPEC
+section 8) and moves it: ``retry()`` (back on its queue now), ``kill()``
+(to dead), ``delete()``; ``bulk()`` does one of these to many entries,
+``BULK_BATCH_SIZE`` per round trip. Every move is one script (``move.lua``)
+that writes before it removes and does nothing if someone else moved the
+entry first. A job running now (``kind="inprogress"``) offers no action: it
+is its process's alone (G2). Redis errors reach the caller as
+``CogworkerError`` (``errors.redis_boundary``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from django_cogworker import registry
+from django_cogworker.conf import DEFAULT_QUEUE
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.errors import BadPayload, redis_boundary
+from django_cogworker.payload import Payload, encode, parse, text
+from django_cogworker.scripts import script
+
+#: Jobs per page of a listing, when the caller does not say.
+PAGE_SIZE = 25
+
+#: What can be done to a job in a set, one by one or in bulk (``bulk()``).
+ACTIONS = ("retry", "delete", "kill")
+
+#: Entries moved per pipeline round trip by ``bulk()``.
+BULK_BATCH_SIZE = 500
+
+#: A move: the ``move`` script's KEYS and ARGV.
+MoveCall = tuple[list[str], list[str | bytes]]
+
+
+class JobRecord:
+    """One job as stored: in a queue, a sorted set, or the unsettled list."""
+
+    def __init__(
+        self,
+        raw: bytes,
+        *,
+        source: str,
+        kind: str,
+        score: float | None = None,
+        payload_raw: bytes | None = None,
+        target_set: str | None = None,
+    ) -> None:
+        self._raw = raw  # the entry exactly as stored (needed to move it)
+        self.source = source  # the Redis key it is in
+        self.kind = kind  # "queue", "zset", "unsettled", or "inprogress" (running: no actions)
+        self.score = score
+        self.target_set = target_set  # unsettled: where it should be filed
+        self.payload_raw = payload_raw if payload_raw is not None else raw
+        #: Why the payload cannot be read ("" when it can); then ``payload``
+        #: is ``{"raw": <its text>}``.
+        self.unreadable = ""
+        value: Any = None
+        try:
+            value = parse(self.payload_raw)
+        except BadPayload as exc:
+            self.unreadable = f"payload is {exc}"
+        else:
+            if not isinstance(value, dict):
+                self.unreadable = f"payload is a JSON {type(value).__name__}, not an object"
+        self.payload: Payload = value if isinstance(value, dict) else {"raw": text(self.payload_raw)}
+
+    def __repr__(self) -> str:
+        return f"<JobRecord {self.jid} {self.name} in {self.source}>"
+
+    @property
+    def raw(self) -> str:
+        return text(self.payload_raw)
+
+    @property
+    def entry(self) -> bytes:
+        return self._raw
+
+    def _get(self, key: str, default: Any = None) -> Any:
+        return self.payload.get(key, default)
+
+    jid = property(lambda self: str(self._get("jid", "")))
+    name = property(lambda self: str(self._get("job", "")))
+    args = property(lambda self: self._get("args", []))
+    kwargs = property(lambda self: self._get("kwargs", {}))
+    queue = property(lambda self: str(self._get("queue", "") or ""))
+    retry_count = property(lambda self: self._get("retry_count"))
+    error_class = property(lambda self: self._get("error_class"))
+    error_message = property(lambda self: self._get("error_message"))
+    error_backtrace = property(lambda self: self._get("error_backtrace"))
+    failed_at = property(lambda self: self._get("failed_at"))
+    retried_at = property(lambda self: self._get("retried_at"))
+    enqueued_at = property(lambda self: self._get("enqueued_at"))
+    created_at = property(lambda self: self._get("created_at"))
+
+    @property
+    def at(self) -> dt.datetime | None:
+        """When it is due (scheduled, retry) or died (dead), as a datetime."""
+        return None if self.score is None else dt.datetime.fromtimestamp(self.score, tz=dt.UTC)
+
+    def matches(
+        self, *, name: str | None = None, queue: str | None = None, search: str | None = None
+    ) -> bool:
+        if name and self.name != name:
+            return False
+        if queue and self.queue != queue:
+            return False
+        if search:
+            needle = search.lower()
+            hay = [self.jid, str(self.error_message or ""), str(self.error_class or "")]
+            if not any(needle in h.lower() for h in hay):
+                return False
+        return True
+
+    @property
+    def id(self) -> str:
+        """A token that finds this exact entry again through its set's
+        ``get()``: ``<score>~<jid>`` in a sorted set (one ZRANGEBYSCORE away,
+        however large the set), a digest of the entry in a list."""
+        if self.kind == "zset":
+            return f"{self.score!r}~{self.jid}"
+        return hashlib.sha1(self._raw).hexdigest()[:20]
+
+    # -- actions ---------------------------------------------------------------
+
+    def _move_call(self, destination: str, payload: bytes, to_kind: str, where: str | float) -> MoveCall:
+        k = get_keys()
+        source_kind = "zset" if self.kind == "zset" else "list"
+        return (
+            [self.source, destination, k.queues],
+            [self._raw, payload, source_kind, to_kind, str(where)],
+        )
+
+    def _retry_call(self) -> MoveCall | None:
+        if self.kind in ("queue", "inprogress"):
+            return None
+        payload = dict(self.payload)
+        queue = (
+            payload.get("queue")
+            if isinstance(payload.get("queue"), str) and payload.get("queue")
+            else DEFAULT_QUEUE
+        )
+        payload["enqueued_at"] = time.time()
+        data = encode(payload) if "job" in payload else self.payload_raw
+        return self._move_call(get_keys().queue(str(queue)), data, "queue", str(queue))
+
+    def _kill_call(self) -> MoveCall | None:
+        k = get_keys()
+        if self.kind == "inprogress" or (self.kind == "zset" and self.source == k.dead):
+            return None
+        payload = dict(self.payload)
+        payload.setdefault("error_class", "Killed")
+        payload.setdefault("error_message", "killed by hand")
+        payload["failed_at"] = payload.get("failed_at") or time.time()
+        return self._move_call(k.dead, encode(payload), "zset", repr(time.time()))
+
+    def _call(self, action: str) -> MoveCall | None:
+        return self._retry_call() if action == "retry" else self._kill_call()
+
+    def _queue_action(self, pipe: Any, action: str) -> bool:
+        """Adds ``action`` on this entry to a pipeline; False if it does not apply."""
+        if action == "delete":
+            if self.kind == "inprogress":
+                return False
+            if self.kind == "zset":
+                pipe.zrem(self.source, self._raw)
+            else:
+                pipe.lrem(self.source, 1, self._raw)
+            return True
+        call = self._call(action)
+        if call is None:
+            return False
+        script("move").queue(pipe, *call)
+        return True
+
+    @redis_boundary("retry a job")
+    def retry(self) -> bool:
+        """Back on its queue now (from schedule, retry, dead or unsettled)."""
+        call = self._retry_call()
+        return call is not None and bool(script("move")(get_redis(), *call))
+
+    @redis_boundary("kill a job")
+    def kill(self) -> bool:
+        """To the dead set now."""
+        call = self._kill_call()
+        return call is not None and bool(script("move")(get_redis(), *call))
+
+    @redis_boundary("delete a job")
+    def delete(self) -> bool:
+        client = get_redis()
+        if self.kind == "inprogress":
+            return False  # running: G2 gives it to its process alone
+        if self.kind == "zset":
+            return bool(client.zrem(self.source, self._raw))
+        return bool(client.lrem(self.source, 1, self._raw))
+
+    def apply(self, action: str) -> bool:
+        """One of ``ACTIONS`` by name; False if the entry was gone (or it is dead and asked to die)."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
+        return bool(getattr(self, action)())
+
+
+@redis_boundary("act on the jobs")
+def bulk(records: Iterable[JobRecord], action: str) -> int:
+    """Applies one of ``ACTIONS`` to every record, ``BULK_BATCH_SIZE`` per
+    round trip; returns how many entries were moved or deleted. Entries that
+    someone else moved first are skipped (each move checks its source)."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
+    client = get_redis()
+    script("move").ensure_loaded(client)
+    done = 0
+    iterator = iter(records)
+    while chunk := list(itertools.islice(iterator, BULK_BATCH_SIZE)):
+        for attempt in (1, 2):
+            pipe = client.pipeline(transaction=False)
+            queued = [r._queue_action(pipe, action) for r in chunk]
+            if not any(queued):
+                break
+            try:
+                done += sum(1 for reply in pipe.execute() if reply)
+                break
+            except NoScriptError:
+                # The server lost its scripts between the load and this batch
+                # (restart, failover). Replaying is safe: moves already done
+                # find their entry gone and return 0.
+                if attempt == 2:
+                    raise
+                script("move").ensure_loaded(client)
+    return done
+
+
+def job_names() -> list[str]:
+    """The registered job names (what a list can be filtered by)."""
+    return registry.names()
+
+
+#: How many records iteration reads per call.
+ITERATION_BATCH = 500
+
+
+def paged(page: Callable[[int, int], list[JobRecord]]) -> Iterator[JobRecord]:
+    """Every record, read ``ITERATION_BATCH`` at a time through ``page(offset, limit)``."""
+    offset = 0
+    while True:
+        batch = page(offset, ITERATION_BATCH)
+        yield from batch
+        if len(batch) < ITERATION_BATCH:
+            return
+        offset += ITERATION_BATCH

@@ -1,0 +1,297 @@
+"""The job sets: scheduled, retries, dead and unsettled.
+
+Duties: ``JobSet`` is what the set pages rely on, whichever set: a size,
+pages, iteration, ``filter``/``filter_page`` (by job name and queue, search
+by jid or error text), ``find(jid)``, ``get(record_id)`` and ``clear()``.
+``SortedSet`` implements it on a sorted set scored by time (``ScheduledSet``
+and ``RetrySet``: when due; ``DeadSet``: when it died, newest first), and
+filters with ZSCAN and a server-side pattern, so a set of 100,000 jobs never
+comes whole into Python to show 25. ``UnsettledSet`` implements it on the
+list of failed jobs a stopping process could not file, which any live
+process files. Redis errors reach the caller as ``CogworkerError``
+(``errors.redis_boundary``).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+from collections.abc import Iterator
+
+from django_cogworker.api.parsing import glob_escape, glob_literal, loads_object, quick_match
+from django_cogworker.api.records import PAGE_SIZE, JobRecord, paged
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.errors import redis_boundary
+
+
+class JobSet(abc.ABC):
+    """A set of stored jobs the admin lists, filters and acts on."""
+
+    key: str
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @abc.abstractmethod
+    def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]: ...
+
+    @abc.abstractmethod
+    def __iter__(self) -> Iterator[JobRecord]: ...
+
+    @abc.abstractmethod
+    def filter(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Entries matching every given criterion (``search`` looks in the
+        jid and the error)."""
+
+    @abc.abstractmethod
+    def filter_page(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        limit: int = PAGE_SIZE,
+    ) -> tuple[int, list[JobRecord]]:
+        """(how many match, the page at ``offset``): what a paginated list needs."""
+
+    @abc.abstractmethod
+    def find(self, jid: str) -> JobRecord | None: ...
+
+    @abc.abstractmethod
+    def get(self, record_id: str) -> JobRecord | None:
+        """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
+
+    @abc.abstractmethod
+    def clear(self) -> int:
+        """Deletes every entry; returns how many."""
+
+
+class SortedSet(JobSet):
+    key_name = ""
+    newest_first = False
+
+    def __init__(self) -> None:
+        self.key = getattr(get_keys(), self.key_name)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.key}>"
+
+    @property
+    @redis_boundary("read a job set's size")
+    def size(self) -> int:
+        return int(get_redis().zcard(self.key))
+
+    def _record(self, raw: bytes, score: float) -> JobRecord:
+        return JobRecord(raw, source=self.key, kind="zset", score=float(score))
+
+    @redis_boundary("read a job set")
+    def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
+        client = get_redis()
+        fn = client.zrevrange if self.newest_first else client.zrange
+        return [self._record(r, s) for r, s in fn(self.key, offset, offset + limit - 1, withscores=True)]
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        return paged(self.page)
+
+    @staticmethod
+    def _pattern(name: str | None, queue: str | None, search: str | None) -> str:
+        # ``*`` after each colon: another client may write a space there.
+        if name:
+            return f'*"job":*"{glob_literal(name)}"*'
+        if search:
+            return f"*{glob_literal(search, fold_case=True)}*"
+        if queue:
+            return f'*"queue":*"{glob_literal(queue)}"*'
+        return "*"
+
+    def _candidates(
+        self, name: str | None, queue: str | None, search: str | None
+    ) -> list[tuple[float, bytes, bool]]:
+        """(score, entry, sure) of the entries that may match, in the set's
+        order. ZSCAN's pattern narrows them on the server; ``quick_match``
+        settles most of the rest from the bytes (``sure``) without parsing."""
+        found = []
+        for raw, score in get_redis().zscan_iter(
+            self.key, match=self._pattern(name, queue, search), count=1000
+        ):
+            quick = quick_match(raw, name=name, queue=queue, search=search)
+            if quick is None:
+                if self._record(raw, score).matches(name=name, queue=queue, search=search):
+                    found.append((float(score), raw, True))
+            elif quick:
+                found.append((float(score), raw, False))
+        # Ties broken by the entry, as Redis orders equal scores.
+        found.sort(key=lambda c: (c[0], c[1]), reverse=self.newest_first)
+        return found
+
+    @redis_boundary("search a job set")
+    def filter(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Entries matching every given criterion (``search`` looks in the jid
+        and the error). Uses ZSCAN with a server-side pattern, so a large set
+        is not read whole into Python."""
+        found: list[JobRecord] = []
+        for score, raw, _ in self._candidates(name, queue, search):
+            record = self._record(raw, score)
+            if record.matches(name=name, queue=queue, search=search):
+                found.append(record)
+                if limit is not None and len(found) >= limit:
+                    break
+        return found
+
+    @redis_boundary("search a job set")
+    def filter_page(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        limit: int = PAGE_SIZE,
+    ) -> tuple[int, list[JobRecord]]:
+        """(how many match, the page at ``offset``): what a paginated list
+        needs, without parsing every match of a large set. Every record
+        returned matches exactly; the count may include an entry whose field
+        sits only inside a nested object (a payload of the wrong shape)."""
+        candidates = self._candidates(name, queue, search)
+        page = [self._record(raw, score) for score, raw, _ in candidates[offset : offset + limit]]
+        return len(candidates), [r for r in page if r.matches(name=name, queue=queue, search=search)]
+
+    @redis_boundary("find a job")
+    def find(self, jid: str) -> JobRecord | None:
+        pattern = f'*"jid":{glob_escape(json.dumps(jid))}*'
+        for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=1000):
+            record = self._record(raw, score)
+            if record.jid == jid:
+                return record
+        return None
+
+    @redis_boundary("find a job")
+    def get(self, record_id: str) -> JobRecord | None:
+        """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
+        score_text, sep, jid = record_id.partition("~")
+        try:
+            score = float(score_text)
+        except ValueError:
+            return None
+        if not sep or math.isnan(score):
+            return None
+        bound = repr(score)
+        for raw, s in get_redis().zrangebyscore(self.key, bound, bound, withscores=True):
+            record = self._record(raw, s)
+            if record.jid == jid:
+                return record
+        return None
+
+    @redis_boundary("clear a job set")
+    def clear(self) -> int:
+        pipe = get_redis().pipeline(transaction=True)
+        pipe.zcard(self.key)
+        pipe.delete(self.key)
+        return int(pipe.execute()[0])
+
+    def job_names(self) -> list[str]:
+        return sorted({r.name for r in self})
+
+
+class ScheduledSet(SortedSet):
+    key_name = "schedule"
+
+
+class RetrySet(SortedSet):
+    key_name = "retry"
+
+
+class DeadSet(SortedSet):
+    key_name = "dead"
+    newest_first = True
+
+
+class UnsettledSet(JobSet):
+    """Failed jobs a stopping process could not file; any live process files them."""
+
+    def __init__(self) -> None:
+        self.key = get_keys().unsettled
+
+    @property
+    @redis_boundary("read the unsettled jobs")
+    def size(self) -> int:
+        return int(get_redis().llen(self.key))
+
+    def _record(self, raw: bytes) -> JobRecord:
+        entry = loads_object(raw) or {}
+        payload = entry.get("payload")
+        payload_raw = payload.encode() if isinstance(payload, str) else raw
+        score = entry.get("score")
+        return JobRecord(
+            raw,
+            source=self.key,
+            kind="unsettled",
+            payload_raw=payload_raw,
+            score=float(score) if isinstance(score, int | float) else None,
+            target_set=entry.get("set"),
+        )
+
+    @redis_boundary("read the unsettled jobs")
+    def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
+        return [self._record(r) for r in get_redis().lrange(self.key, offset, offset + limit - 1)]
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        with redis_boundary("read the unsettled jobs"):
+            raws = get_redis().lrange(self.key, 0, -1)
+        for raw in raws:
+            yield self._record(raw)
+
+    def filter(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        found = [r for r in self if r.matches(name=name, queue=queue, search=search)]
+        return found[:limit] if limit is not None else found
+
+    def filter_page(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        limit: int = PAGE_SIZE,
+    ) -> tuple[int, list[JobRecord]]:
+        """(how many match, the page at ``offset``), as ``SortedSet.filter_page``."""
+        found = self.filter(name=name, queue=queue, search=search)
+        return len(found), found[offset : offset + limit]
+
+    def find(self, jid: str) -> JobRecord | None:
+        return next((r for r in self if r.jid == jid), None)
+
+    def get(self, record_id: str) -> JobRecord | None:
+        """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
+        return next((r for r in self if r.id == record_id), None)
+
+    @redis_boundary("clear the unsettled jobs")
+    def clear(self) -> int:
+        pipe = get_redis().pipeline(transaction=True)
+        pipe.llen(self.key)
+        pipe.delete(self.key)
+        return int(pipe.execute()[0])
