@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,15 +18,19 @@ from django.core.signals import setting_changed
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
+#: The queue of a job that names none, and of a payload whose queue cannot
+#: be read (the worker then files it in dead, G13).
+DEFAULT_QUEUE = "default"
+
 #: Every key of ``COGWORKER`` with its default. Durations are seconds.
 DEFAULTS: dict[str, Any] = {
     "REDIS_URL": None,  # None: env COGWORKER_REDIS_URL, else DEFAULT_REDIS_URL
     "CACHE_ALIAS": None,
     "REDIS_OPTIONS": {},
     "NAMESPACE": "cogworker",
-    "QUEUES": ["default"],
+    "QUEUES": [DEFAULT_QUEUE],
     "CONCURRENCY": 10,
-    "FETCH": "reliable",
+    "FETCH": "reliable",  # a name of fetch.STRATEGIES
     # Long enough to ride out a Redis failover or a stalled process, short
     # enough that a crashed worker's jobs come back within minutes.
     "ORPHAN_THRESHOLD": 300,
@@ -101,6 +106,34 @@ def parse_queue(spec: str) -> QueueSpec:
     if value < 1:
         raise ValueError(f"queue {spec!r}: the weight must be at least 1")
     return QueueSpec(name, value)
+
+
+@dataclass(frozen=True)
+class QueueListProblems:
+    """What is wrong with a list of parsed queues as a whole. The QUEUES
+    check and ``--queue`` each word it for their reader."""
+
+    #: Names listed more than once (sorted): a weight, not a repetition,
+    #: makes a queue fetched more often.
+    repeated: tuple[str, ...]
+    #: Weighted queues beside unweighted ones. No weights means strict
+    #: order, weights mean weighted random order; mixed, the unweighted
+    #: queues would never be fetched at all.
+    mixed: bool
+
+    def __bool__(self) -> bool:
+        return bool(self.repeated) or self.mixed
+
+
+def queue_list_problems(specs: Iterable[QueueSpec]) -> QueueListProblems:
+    """The rule of a list of queues, each ``"name"`` or ``"name,weight"``:
+    every name once, and weights on every queue or on none."""
+    specs = list(specs)
+    names = [s.name for s in specs]
+    return QueueListProblems(
+        repeated=tuple(sorted({n for n in names if names.count(n) > 1})),
+        mixed=len({bool(s.weight) for s in specs}) > 1,
+    )
 
 
 def user_settings() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, overload
 
 from django_cogworker import client, registry
+from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.payload import Payload, check_arguments, new_jid
 
 RetryIn = Callable[[int, BaseException], float | int | None]
@@ -25,7 +26,7 @@ UNIQUE_UNTIL = ("success", "start")
 class Job:
     func: Callable[..., Any]
     name: str
-    queue: str = "default"
+    queue: str = DEFAULT_QUEUE
     retry: bool | int = True
     dead: bool = True
     retry_in: RetryIn | None = None

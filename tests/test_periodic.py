@@ -22,9 +22,9 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.cron import Schedule, cron_error, tz_error
 from django_cogworker.execution import execute
 from django_cogworker.job import job
-from django_cogworker.manager import PERIODIC_QUEUED_TTL_S
 from django_cogworker.payload import encode
 from django_cogworker.periodic import Entry, Ticker
+from django_cogworker.requeue import PERIODIC_QUEUED_TTL_S
 from tests.conftest import wait_for
 
 RECORD = "testproject.testapp.jobs.record"

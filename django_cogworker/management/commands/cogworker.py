@@ -7,7 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_cogworker.conf import get_config, parse_queue
+from django_cogworker.conf import get_config, parse_queue, queue_list_problems
+from django_cogworker.fetch import STRATEGIES
 
 
 class Command(BaseCommand):
@@ -24,7 +25,7 @@ class Command(BaseCommand):
             help="queue to work on (repeatable); overrides COGWORKER['QUEUES']",
         )
         parser.add_argument("-c", "--concurrency", type=int, help="processor threads")
-        parser.add_argument("--fetch", choices=["reliable", "basic"], help="fetch strategy")
+        parser.add_argument("--fetch", choices=list(STRATEGIES), help="fetch strategy")
         parser.add_argument(
             "-t",
             "--shutdown-timeout",
@@ -83,14 +84,13 @@ class Command(BaseCommand):
                 queues = tuple(parse_queue(q) for q in options["queues"])
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
-            # As the QUEUES check (E013, E014) refuses them: an unweighted
-            # queue beside weighted ones would never be fetched at all.
-            if len({bool(q.weight) for q in queues}) > 1:
+            # Refused as the QUEUES check (E013, E014) refuses them.
+            problems = queue_list_problems(queues)
+            if problems.mixed:
                 raise CommandError(
                     "--queue mixes weighted and unweighted queues: give every queue a weight, or none"
                 )
-            names = [q.name for q in queues]
-            if len(set(names)) < len(names):
+            if problems.repeated:
                 raise CommandError("--queue names a queue more than once: give it a weight instead")
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")

@@ -1,0 +1,79 @@
+"""Checks of what a worker fetches and how: ``QUEUES`` (E013, E014, the rule
+itself in :func:`django_cogworker.conf.queue_list_problems`), ``FETCH``
+(E015, the names of :data:`django_cogworker.fetch.STRATEGIES`) and
+``ENQUEUE_ON_COMMIT`` (E016)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage
+
+from django_cogworker.checks.base import error
+from django_cogworker.conf import QueueSpec, parse_queue, queue_list_problems
+from django_cogworker.fetch import STRATEGIES
+
+
+def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    queues = values["QUEUES"]
+    if not isinstance(queues, list | tuple) or not queues:
+        errors.append(
+            error(
+                f"COGWORKER['QUEUES'] must be a non-empty list, got {queues!r}.",
+                "For example ['default'] or ['critical,3', 'default,1'].",
+                "cogworker.E013",
+            )
+        )
+    else:
+        specs: list[QueueSpec] = []
+        for q in queues:
+            if not isinstance(q, str):
+                errors.append(
+                    error(
+                        f"COGWORKER['QUEUES']: {q!r} is not a string.",
+                        "Use 'name' or 'name,weight'.",
+                        "cogworker.E013",
+                    )
+                )
+                continue
+            try:
+                specs.append(parse_queue(q))
+            except ValueError as exc:
+                errors.append(
+                    error(f"COGWORKER['QUEUES']: {exc}.", "Use 'name' or 'name,weight'.", "cogworker.E013")
+                )
+        problems = queue_list_problems(specs)
+        for name in problems.repeated:
+            errors.append(
+                error(
+                    f"COGWORKER['QUEUES'] lists the queue {name!r} more than once.",
+                    "Name each queue once; give it a weight to make it fetched more often.",
+                    "cogworker.E013",
+                )
+            )
+        if problems.mixed:
+            errors.append(
+                error(
+                    "COGWORKER['QUEUES'] mixes weighted and unweighted queues.",
+                    "Give every queue a weight, or none (strict order).",
+                    "cogworker.E014",
+                )
+            )
+    if values["FETCH"] not in STRATEGIES:
+        errors.append(
+            error(
+                f"COGWORKER['FETCH'] must be {' or '.join(map(repr, STRATEGIES))}, got {values['FETCH']!r}.",
+                "'reliable' is the default and loses no job when a worker dies.",
+                "cogworker.E015",
+            )
+        )
+    if not isinstance(values["ENQUEUE_ON_COMMIT"], bool):
+        errors.append(
+            error(
+                f"COGWORKER['ENQUEUE_ON_COMMIT'] must be True or False, got {values['ENQUEUE_ON_COMMIT']!r}.",
+                "The default is True.",
+                "cogworker.E016",
+            )
+        )
+    return errors

@@ -1,0 +1,151 @@
+"""Periodic (cron) jobs: ``@periodic``, ``COGWORKER["PERIODIC"]`` and their ticker.
+
+Every slot of every entry is enqueued exactly once across all processes, at
+most a grace window late, never backfilled; an ``until_executed`` entry
+skips a slot while its previous run is queued or running. By role:
+
+- :mod:`.entry`: the :class:`Entry` type, its pjid, and
+  :func:`setting_problems`, the one validator of an entry (the system
+  checks use it too);
+- :mod:`.enqueue`: one slot, pushed once across all processes;
+- :mod:`.lock`: the running lock of an ``until_executed`` entry, and
+  :class:`PeriodicLockMiddleware`, which holds it around the run;
+- :mod:`.ticker`: the :class:`Ticker` thread of every worker process;
+- here: the ``@periodic`` decorator and its entries, and :func:`entries`,
+  what the ticker and the admin list. The decorated entries live in this
+  module so that ``django_cogworker.periodic._decorated`` is the one list.
+
+Every name other modules use is importable from here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django_cogworker.conf import Config, get_config
+from django_cogworker.job import Job
+from django_cogworker.periodic.enqueue import (
+    ALREADY,
+    PUSHED,
+    REFUSED,
+    SKIPPED,
+    SLOT_MARKER_TTL_S,
+    enqueue_slot,
+    slot_payload,
+)
+from django_cogworker.periodic.entry import (
+    SETTING_KEYS,
+    Entry,
+    Problem,
+    entry_queue,
+    parse_setting,
+    setting_problems,
+)
+from django_cogworker.periodic.lock import (
+    ACTIVE_TTL_MIN_S,
+    HELD,
+    PERIODIC_QUEUED_TTL_S,
+    HeldLocks,
+    PeriodicLockMiddleware,
+    active_ttl_s,
+    hold,
+)
+from django_cogworker.periodic.ticker import LATE_GRACE_S, TICK_MAX_S, TICK_MIN_S, Ticker
+
+__all__ = [
+    "ACTIVE_TTL_MIN_S",
+    "ALREADY",
+    "HELD",
+    "LATE_GRACE_S",
+    "PERIODIC_QUEUED_TTL_S",
+    "PUSHED",
+    "REFUSED",
+    "SETTING_KEYS",
+    "SKIPPED",
+    "SLOT_MARKER_TTL_S",
+    "TICK_MAX_S",
+    "TICK_MIN_S",
+    "Entry",
+    "HeldLocks",
+    "PeriodicLockMiddleware",
+    "Problem",
+    "Ticker",
+    "active_ttl_s",
+    "enqueue_slot",
+    "entries",
+    "entry_queue",
+    "hold",
+    "parse_setting",
+    "periodic",
+    "setting_problems",
+    "slot_payload",
+]
+
+logger = logging.getLogger("django_cogworker")
+
+_decorated: list[Entry] = []
+
+
+def periodic(
+    cron: str,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    queue: str | None = None,
+    tz: str = "UTC",
+    until_executed: bool = False,
+) -> Callable[[Job], Job]:
+    """Runs a ``@job`` on a cron schedule; goes above ``@job`` and may be
+    stacked for several schedules::
+
+        @periodic("0 3 * * *", tz="Europe/Berlin")
+        @job
+        def nightly_report(): ...
+    """
+
+    def wrap(made: Job) -> Job:
+        if not isinstance(made, Job):
+            raise TypeError(f"@periodic decorates a @job, got {made!r}: put @periodic(...) above @job")
+        value = {
+            "cron": cron,
+            "job": made.name,
+            "args": list(args),
+            "kwargs": dict(kwargs or {}),
+            "queue": queue,
+            "tz": tz,
+            "until_executed": until_executed,
+        }
+        try:
+            entry = parse_setting(value)
+        except ValueError as exc:
+            raise ValueError(f"@periodic on {made.name}: {exc}") from None
+        if all(e.pjid != entry.pjid for e in _decorated):
+            _decorated.append(entry)
+        return made
+
+    return wrap
+
+
+def entries(config: Config | None = None, *, log: bool = False) -> list[Entry]:
+    """The entries of the settings, then the decorated ones, without
+    duplicates. A broken settings entry is left out (logged if ``log``)."""
+    config = config or get_config()
+    found: list[Entry] = []
+    seen: set[str] = set()
+    for index, value in enumerate(config.periodic):
+        try:
+            entry = parse_setting(value)
+        except ValueError as exc:
+            if log:
+                logger.error("COGWORKER['PERIODIC'][%d] skipped: %s", index, exc)
+            continue
+        if entry.pjid not in seen:
+            seen.add(entry.pjid)
+            found.append(entry)
+    for entry in _decorated:
+        if entry.pjid not in seen:
+            seen.add(entry.pjid)
+            found.append(entry)
+    return found
