@@ -1,9 +1,15 @@
 """The enqueue side: payloads to Redis, after commit when in a transaction.
 
+The one write path of an enqueue: ``.delay()``, ``delay_many`` and the
+Tasks backend all push through :func:`push` (or :func:`apush` from async
+code), so they register queues, translate errors and release locks alike.
+
 ``.delay()`` costs one round trip (SADD the queue name, LPUSH the payload,
 pipelined). A connection error is raised to the caller as RedisUnavailable
 before anything is written (SPEC section 8); a pipeline that never reached
-Redis wrote nothing.
+Redis wrote nothing. A refusal (OOM under maxmemory, a read-only replica, a
+key of the wrong type) is EnqueueRefused, with the server's reason; both
+come from :func:`django_cogworker.errors.redis_boundary`.
 
 Every payload first passes the client middleware chain
 (:mod:`django_cogworker.middleware`, unique locks included), which may change
@@ -19,18 +25,22 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import redis
 from django.db import transaction
 
 from django_cogworker import middleware
 from django_cogworker.conf import get_config
-from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.errors import EnqueueRefused, RedisUnavailable
+from django_cogworker.connection import async_redis, get_keys, get_redis
+from django_cogworker.errors import EnqueueRefused, redis_boundary
+from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode
 
 #: Hook for the testing helpers' inline mode: when set, payloads are handed
 #: to it instead of Redis.
 inline_runner: Callable[[Payload], Any] | None = None
+
+#: Commands to queue on an enqueue's pipeline beside its payloads (the Tasks
+#: backend's result record): given one, the push is a MULTI.
+Also = Callable[[Any], object]
 
 
 def enqueue(payload: Payload, at: float | None = None) -> str | None:
@@ -38,15 +48,7 @@ def enqueue(payload: Payload, at: float | None = None) -> str | None:
     ready = chain.run(payload, at=at)
     if ready is None:
         return None
-    if inline_runner is not None:
-        inline_runner(ready)
-        return str(ready["jid"])
-    if get_config().enqueue_on_commit:
-        conn = transaction.get_connection()
-        if conn.in_atomic_block:
-            transaction.on_commit(lambda: _push_or_cancel(chain, [ready], at))
-            return str(ready["jid"])
-    _push_or_cancel(chain, [ready], at)
+    deliver(chain, [ready], at, on_commit=get_config().enqueue_on_commit)
     return str(ready["jid"])
 
 
@@ -55,25 +57,87 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str
     chain = middleware.client_chain()
     payloads = [ready for ready in (chain.run(p) for p in payloads) if ready is not None]
     jids = [str(p["jid"]) for p in payloads]
-    if inline_runner is not None:
-        for payload in payloads:
-            inline_runner(payload)
-        return jids
-
-    def push_all() -> None:
-        for start in range(0, len(payloads), chunk_size):
-            _push_or_cancel(chain, payloads[start : start + chunk_size], None)
-
-    if get_config().enqueue_on_commit and transaction.get_connection().in_atomic_block:
-        transaction.on_commit(push_all)
-    else:
-        push_all()
+    for start in range(0, len(payloads), chunk_size):
+        deliver(chain, payloads[start : start + chunk_size], None, on_commit=get_config().enqueue_on_commit)
     return jids
 
 
-def _push_or_cancel(chain: middleware.ClientChain, payloads: list[Payload], at: float | None) -> None:
+def inline_mode() -> bool:
+    """Whether the testing helpers' inline mode is on (see :func:`deliver`)."""
+    return inline_runner is not None
+
+
+def deliver(
+    chain: middleware.ClientChain,
+    payloads: list[Payload],
+    at: float | None,
+    *,
+    on_commit: bool,
+    also: Also | None = None,
+    then: Callable[[], object] | None = None,
+) -> bool:
+    """The one way out of an enqueue: :func:`push` to Redis (after the
+    transaction commits when ``on_commit``), then ``then``; or, in the
+    testing helpers' inline mode, ``also``'s writes and ``then`` at once and
+    the jobs run in this thread. Returns whether they ran inline."""
+    runner = inline_runner
+    if runner is not None:
+        if also is not None:
+            pipe = get_redis().pipeline(transaction=False)
+            also(pipe)
+            pipe.execute()
+        if then is not None:
+            then()
+        for payload in payloads:
+            runner(payload)
+        return True
+
+    def write() -> None:
+        push(chain, payloads, at, also=also)
+        if then is not None:
+            then()
+
+    on_commit_or_now(on_commit, write)
+    return False
+
+
+def on_commit_or_now(wanted: bool, push_them: Callable[[], None]) -> None:
+    """Runs ``push_them`` after the transaction commits (not at all on
+    rollback) if ``wanted`` and one is open; otherwise now."""
+    if wanted and transaction.get_connection().in_atomic_block:
+        transaction.on_commit(push_them)
+    else:
+        push_them()
+
+
+def push(
+    chain: middleware.ClientChain, payloads: list[Payload], at: float | None, *, also: Also | None = None
+) -> None:
+    """Writes payloads the chain accepted: to their queues, or to the
+    schedule set at epoch ``at``; with ``also``'s commands in one MULTI."""
+    with _cancelled_on_failure(chain, payloads):
+        if also is None:
+            _push(payloads, at)  # the seam the tests patch to fail a push
+        else:
+            _push(payloads, at, also)
+
+
+async def apush(
+    chain: middleware.ClientChain, payloads: list[Payload], at: float | None, *, also: Also | None = None
+) -> None:
+    """:func:`push` on a ``redis.asyncio`` client, one pipeline."""
+    with _cancelled_on_failure(chain, payloads), redis_boundary("enqueue", refused=EnqueueRefused):
+        k = get_keys()
+        async with async_redis() as conn, conn.pipeline(transaction=also is not None) as pipe:
+            _queue_writes(pipe, k, payloads, at, also)
+            await pipe.execute()
+    _registered_now(k, payloads, at)
+
+
+@contextlib.contextmanager
+def _cancelled_on_failure(chain: middleware.ClientChain, payloads: list[Payload]) -> Iterator[None]:
     try:
-        _push(payloads, at)
+        yield
     except BaseException:
         for payload in payloads:
             chain.cancel(payload)
@@ -87,40 +151,38 @@ _registered: dict[tuple[str, str], float] = {}
 QUEUE_REGISTRATION_TTL_S = 60.0
 
 
-def _push(payloads: list[Payload], at: float | None) -> None:
+def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -> None:
     k = get_keys()
-    with _translated_errors():
-        if at is None and len(payloads) == 1:
+    with redis_boundary("enqueue", refused=EnqueueRefused):
+        if at is None and len(payloads) == 1 and also is None:
             queue = payloads[0]["queue"]
             seen = _registered.get((k.namespace, queue))
             if seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S:
                 get_redis().lpush(k.queue(queue), encode(payloads[0]))
                 return
-        pipe = get_redis().pipeline(transaction=False)
-        if at is not None:
-            pipe.zadd(k.schedule, {encode(p): at for p in payloads})
-        else:
-            by_queue: dict[str, list[bytes]] = {}
-            for p in payloads:
-                by_queue.setdefault(p["queue"], []).append(encode(p))
-            for queue, raws in by_queue.items():
-                pipe.sadd(k.queues, queue)
-                pipe.lpush(k.queue(queue), *raws)
+        pipe = get_redis().pipeline(transaction=also is not None)
+        _queue_writes(pipe, k, payloads, at, also)
         pipe.execute()
+    _registered_now(k, payloads, at)
+
+
+def _queue_writes(pipe: Any, k: Keys, payloads: list[Payload], at: float | None, also: Also | None) -> None:
+    """The commands of a push, on a pipeline (redis-py's or redis.asyncio's)."""
+    if also is not None:
+        also(pipe)
+    if at is not None:
+        pipe.zadd(k.schedule, {encode(p): at for p in payloads})
+        return
+    by_queue: dict[str, list[bytes]] = {}
+    for p in payloads:
+        by_queue.setdefault(p["queue"], []).append(encode(p))
+    for queue, raws in by_queue.items():
+        pipe.sadd(k.queues, queue)
+        pipe.lpush(k.queue(queue), *raws)
+
+
+def _registered_now(k: Keys, payloads: list[Payload], at: float | None) -> None:
     if at is None:
         now = time.monotonic()
         for p in payloads:
             _registered[(k.namespace, p["queue"])] = now
-
-
-@contextlib.contextmanager
-def _translated_errors() -> Iterator[None]:
-    """redis-py's errors, raised to the caller as ours (SPEC section 8)."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc
-    except redis.RedisError as exc:
-        # OOM under maxmemory, a read-only replica, a key of the wrong type:
-        # the caller gets our error, with the server's reason.
-        raise EnqueueRefused(f"could not enqueue: Redis refused it ({exc})") from exc

@@ -3,13 +3,24 @@
 A worker runs only what ``@job`` registered, found by autodiscovering every
 installed app's ``jobs`` module at startup. Nothing is ever imported from a
 name found in a payload.
+
+Extensions (this package's Tasks backend) plug in here rather than being
+imported by the core: :func:`add_autodiscover_module` names another module
+to import from every app at startup, and :func:`add_unknown_name_explainer`
+words the dead-set error of a payload naming a job this process does not
+know (G13). The backends named in Django's ``TASKS`` setting are imported
+first, so that such a backend adds its hooks before the apps' modules are
+imported, and so before a worker runs its first job.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
 if TYPE_CHECKING:
@@ -17,7 +28,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_cogworker")
 
+#: ``(job name) -> message``, or None when the name is not its to explain.
+Explainer = Callable[[str], str | None]
+
 _jobs: dict[str, Job] = {}
+_explainers: list[Explainer] = []
+#: Module name -> the condition, read at autodiscovery, under which apps'
+#: modules of that name are imported (None: always).
+_modules: dict[str, Callable[[], bool] | None] = {"jobs": None}
 
 
 def register(job: Job) -> None:
@@ -35,12 +53,54 @@ def names() -> list[str]:
     return sorted(_jobs)
 
 
-def autodiscover() -> None:
-    autodiscover_modules("jobs")
-    # Apps' tasks modules register their @task functions as they are
-    # imported; only when TASKS selects the cogworker backend, since a
-    # tasks.py may belong to another library (Celery's).
-    from django_cogworker.tasks import backend_configured
+def add_unknown_name_explainer(explainer: Explainer) -> None:
+    """Lets ``explainer`` word the error of a payload naming an unknown job
+    (the first one that answers wins). Adding the same one again does nothing."""
+    if explainer not in _explainers:
+        _explainers.append(explainer)
 
-    if backend_configured():
-        autodiscover_modules("tasks")
+
+def not_registered_message(name: str) -> str:
+    """Why a payload naming ``name`` cannot run here: filed in dead with it."""
+    for explainer in _explainers:
+        message = explainer(name)
+        if message is not None:
+            return message
+    return (
+        f"job {name!r} is not registered: no @job with that name was found in any installed app's jobs module"
+    )
+
+
+def add_autodiscover_module(name: str, *, when: Callable[[], bool] | None = None) -> None:
+    """Imports every installed app's module ``name`` at startup, as its
+    ``jobs`` module is; ``when`` (read then) makes it conditional. Takes
+    effect in :func:`autodiscover`, so call it before that runs: at import
+    of a module that Django's settings name (a ``TASKS`` backend's)."""
+    _modules[name] = when
+
+
+def autodiscover() -> None:
+    _import_task_backends()
+    for name, when in list(_modules.items()):
+        if when is None or when():
+            autodiscover_modules(name)
+
+
+def _import_task_backends() -> None:
+    """Imports the module of every backend ``TASKS`` names, so that one
+    built on cogworker has added its hooks before the modules are imported.
+
+    Only the module: the backend itself is made by Django when first used.
+    A path that does not import is skipped here; Django reports it when the
+    backend is used, and the Tasks framework's checks name it."""
+    tasks = getattr(settings, "TASKS", None)
+    if not isinstance(tasks, dict):
+        return
+    for params in tasks.values():
+        path = params.get("BACKEND") if isinstance(params, dict) else None
+        if not isinstance(path, str) or "." not in path:
+            continue
+        try:
+            importlib.import_module(path.rpartition(".")[0])
+        except Exception as exc:
+            logger.debug("TASKS backend %s did not import (%s)", path, exc)

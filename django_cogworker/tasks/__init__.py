@@ -11,6 +11,14 @@ This module imports no part of the framework, so that importing it (the
 worker autodiscovers every installed app's ``tasks`` module, this package's
 included) works on a Django without one. The backend is loaded on first use.
 
+Importing it adds this package's hooks to the core's registry (the core
+never imports it): apps' ``tasks`` modules are autodiscovered when
+:func:`backend_configured`, and a payload naming an unknown task is filed
+in dead with :func:`not_registered_message`. The registry imports the
+module of every ``TASKS`` backend at startup, so the hooks are in place in
+every process that uses this backend (a worker's included) before its
+apps' modules are imported.
+
 Modules: ``compat`` (which framework), ``options`` (``OPTIONS`` and their
 checks), ``records`` (the result record in Redis), ``backend`` (the backend
 and ``CogworkerTask``), ``runner`` (registration, and what a worker runs).
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django_cogworker import registry
 from django_cogworker.tasks.options import retry_options
 
 if TYPE_CHECKING:
@@ -89,3 +98,12 @@ def not_registered_message(job_name: str) -> str:
         "that is django_cogworker.tasks.CogworkerBackend; then retry this job from the dead set. "
         "Nothing named in a payload is ever imported."
     )
+
+
+def explain_unknown(job_name: str) -> str | None:
+    """The registry's explainer: :func:`not_registered_message` for a task's job name."""
+    return not_registered_message(job_name) if job_name.startswith(TASK_JOB_PREFIX) else None
+
+
+registry.add_autodiscover_module("tasks", when=backend_configured)
+registry.add_unknown_name_explainer(explain_unknown)

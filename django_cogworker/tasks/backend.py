@@ -4,33 +4,30 @@ Duties: validate a task and register it with the worker registry (Django
 validates every ``Task`` as it is made, so importing a module of ``@task``
 functions registers them); enqueue a task as a cogworker payload plus its
 result record in one MULTI (``run_after`` to the schedule set, priority to a
-queue of ``PRIORITY_QUEUES``), after commit when ``ENQUEUE_ON_COMMIT`` asks;
-read results back (``redis.asyncio`` for the async twins); report bad
-settings as system checks.
+queue of ``PRIORITY_QUEUES``), after commit when ``ENQUEUE_ON_COMMIT`` asks,
+through the client's write path (:func:`django_cogworker.client.push`: the
+same queue registration and errors as ``.delay()``); read results back
+(``redis.asyncio`` for the async twins); report bad settings as system
+checks.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-import redis
-import redis.asyncio
 from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core.checks import CheckMessage, Error, Warning
-from django.db import transaction
 
 from django_cogworker import client, middleware, registry
 from django_cogworker.conf import get_config
-from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.errors import CogworkerError, ConfigurationError, RedisUnavailable
-from django_cogworker.payload import Payload, encode
+from django_cogworker.connection import async_redis, get_keys, get_redis
+from django_cogworker.errors import CogworkerError, ConfigurationError
+from django_cogworker.payload import Payload
 from django_cogworker.tasks import runner
 from django_cogworker.tasks.compat import (
     DEFAULT_TASK_PRIORITY,
@@ -158,34 +155,25 @@ class CogworkerBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         prepared = self._prepare(task, args, kwargs)
-        if client.inline_runner is not None:
-            # testing.inline(): run now in this thread; the record still lives
-            # in Redis, where the task's run writes its outcome.
-            get_redis().set(self._key(prepared), dumps(prepared.record), px=_ms(prepared.pending_ttl_s))
-            task_enqueued.send_robust(sender=type(self), task_result=prepared.result)
-            client.inline_runner(prepared.payload)
-            return self.get_result(prepared.result.id)
-        if self.task_options.enqueue_on_commit and transaction.get_connection().in_atomic_block:
-            transaction.on_commit(lambda: self._push(prepared))
-        else:
-            self._push(prepared)
-        return prepared.result
+        # testing.inline() runs it now, in this thread; the record still
+        # lives in Redis, where the task's run writes its outcome.
+        inline = client.deliver(
+            prepared.chain,
+            [prepared.payload],
+            prepared.at,
+            on_commit=self.task_options.enqueue_on_commit,
+            also=self._record_write(prepared),
+            then=lambda: self._announce(prepared),
+        )
+        return self.get_result(prepared.result.id) if inline else prepared.result
 
     async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         options = self.task_options
-        if options.enqueue_on_commit or client.inline_runner is not None or get_config().cache_alias:
+        if options.enqueue_on_commit or client.inline_mode() or get_config().cache_alias:
             # Transactions and django-redis are synchronous.
             return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
         prepared = self._prepare(task, args, kwargs)
-        try:
-            async with async_redis() as conn, conn.pipeline(transaction=True) as pipe:
-                self._queue_writes(pipe, prepared)
-                await pipe.execute()
-        except BaseException as exc:
-            prepared.chain.cancel(prepared.payload)
-            if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-                raise RedisUnavailable(f"could not enqueue task: Redis is unreachable ({exc})") from exc
-            raise
+        await client.apush(prepared.chain, [prepared.payload], prepared.at, also=self._record_write(prepared))
         await task_enqueued.asend_robust(sender=type(self), task_result=prepared.result)
         return prepared.result
 
@@ -236,29 +224,13 @@ class CogworkerBackend(BaseTaskBackend):
     def _key(self, prepared: Prepared) -> str:
         return get_keys().result(prepared.result.id)
 
-    def _queue_writes(self, pipe: Any, prepared: Prepared) -> None:
-        """The record and the payload, in one MULTI: a result without its job
-        (or a job without its result) is never seen."""
-        k = get_keys()
-        pipe.set(k.result(prepared.result.id), dumps(prepared.record), px=_ms(prepared.pending_ttl_s))
-        raw = encode(prepared.payload)
-        if prepared.at is not None:
-            pipe.zadd(k.schedule, {raw: prepared.at})
-        else:
-            queue = prepared.payload["queue"]
-            pipe.sadd(k.queues, queue)
-            pipe.lpush(k.queue(queue), raw)
+    def _record_write(self, prepared: Prepared) -> client.Also:
+        """The record's SET, queued before the payload in the push's MULTI: a
+        result without its job (or a job without its result) is never seen."""
+        key, raw, px = self._key(prepared), dumps(prepared.record), _ms(prepared.pending_ttl_s)
+        return lambda pipe: pipe.set(key, raw, px=px)
 
-    def _push(self, prepared: Prepared) -> None:
-        try:
-            with get_redis().pipeline(transaction=True) as pipe:
-                self._queue_writes(pipe, prepared)
-                pipe.execute()
-        except BaseException as exc:
-            prepared.chain.cancel(prepared.payload)
-            if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-                raise RedisUnavailable(f"could not enqueue task: Redis is unreachable ({exc})") from exc
-            raise
+    def _announce(self, prepared: Prepared) -> None:
         # send_robust: the task is in Redis now; a failing receiver must not
         # make the caller believe it is not (and enqueue it twice).
         task_enqueued.send_robust(sender=type(self), task_result=prepared.result)
@@ -333,25 +305,6 @@ class CogworkerBackend(BaseTaskBackend):
                 id="cogworker.tasks.W001",
             )
         ]
-
-
-@contextlib.asynccontextmanager
-async def async_redis() -> AsyncIterator[redis.asyncio.Redis]:
-    """A ``redis.asyncio`` client for this call, closed after it (a client
-    belongs to one event loop; callers' loops come and go)."""
-    config = get_config()
-    options: dict[str, Any] = {**config.redis_options, "decode_responses": False}
-    if config.redis_url == "embedded":
-        from django_cogworker import embedded
-
-        path = await asyncio.to_thread(embedded.ensure_running, config.embedded_dir)
-        conn = redis.asyncio.Redis(unix_socket_path=path, **options)
-    else:
-        conn = redis.asyncio.Redis.from_url(config.redis_url, **options)
-    try:
-        yield conn
-    finally:
-        await conn.aclose()
 
 
 def _ms(seconds: float) -> int:

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
+from django_cogworker.conf import DEFAULT_QUEUE
+
 RetryIn = Callable[[int, BaseException], float | int | None]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -134,7 +136,7 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
         return TaskOptions(), [
             Problem(f"{where} must be a dict.", "See docs/django-tasks.md.", "cogworker.tasks.E001")
         ]
-    queues = params.get("QUEUES", ["default"])
+    queues = params.get("QUEUES", [DEFAULT_QUEUE])
     queue_names: set[str] = set()
     if not isinstance(queues, list | tuple | set) or not all(isinstance(q, str) and q for q in queues):
         problems.append(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from django_cogworker import registry
+from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import current_job
 from django_cogworker.job import Job
@@ -82,7 +83,7 @@ def register(task: Task) -> None:
             Job(
                 func=_runner(name),
                 name=name,
-                queue=task.queue_name or "default",
+                queue=task.queue_name or DEFAULT_QUEUE,
                 retry=True if retry is None else retry,
                 retry_in=_retry_in(name),
                 on_exhausted=exhausted,
