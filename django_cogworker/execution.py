@@ -25,7 +25,6 @@ from django_cogworker.conf import Config
 from django_cogworker.context import JobContext, reset_current, set_current
 from django_cogworker.errors import BadPayload, JobNotRegistered
 from django_cogworker.payload import Payload, decode, encode, salvage
-from django_cogworker.tasks import TASK_JOB_PREFIX, not_registered_message
 
 logger = logging.getLogger("django_cogworker")
 
@@ -59,25 +58,29 @@ def dead_letter(raw: bytes, error: Exception, now: float) -> Outcome:
     return Outcome(DEAD, entry, now, failed=True, jid=entry["jid"])
 
 
-def execute(raw: bytes, config: Config, *, queue: str = "", close_connections: bool = True) -> Outcome:
+def execute(
+    raw: bytes,
+    config: Config,
+    *,
+    queue: str = "",
+    close_connections: bool = True,
+    payload: Payload | None = None,
+) -> Outcome:
     """Runs the job a payload names and says what should happen to it.
 
-    ``close_connections=False`` is for the testing helpers, which run jobs in
-    the test's own thread: closing its connection there would break the
-    test's transaction (Django's test client skips it for the same reason)."""
-    try:
-        payload = decode(raw)
-    except BadPayload as exc:
-        return dead_letter(raw, exc, time.time())
+    ``payload`` is ``raw`` decoded already (a worker parses it once, at
+    fetch). ``close_connections=False`` is for the testing helpers, which
+    run jobs in the test's own thread: closing its connection there would
+    break the test's transaction (Django's test client skips it for the same
+    reason)."""
+    if payload is None:
+        try:
+            payload = decode(raw)
+        except BadPayload as exc:
+            return dead_letter(raw, exc, time.time())
     job = registry.get(payload["job"])
     if job is None:
-        if payload["job"].startswith(TASK_JOB_PREFIX):
-            error = JobNotRegistered(not_registered_message(payload["job"]))
-        else:
-            error = JobNotRegistered(
-                f"job {payload['job']!r} is not registered: no @job with that name was found in any "
-                "installed app's jobs module"
-            )
+        error = JobNotRegistered(registry.not_registered_message(payload["job"]))
         return dead_letter(raw, error, time.time())
 
     jid = str(payload.get("jid") or "")

@@ -23,12 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from django_cogworker.connection import Client
+from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.errors import UnsupportedServer
+from django_cogworker.keys import Keys
+from django_cogworker.ledger import Ledger, Slots, UnitOfWork
+from django_cogworker.requeue import requeue_one
 from django_cogworker.scripts import Arg, script
 
 if TYPE_CHECKING:
-    from django_cogworker.manager import Manager, Slots
+    from django_cogworker.connection import Client
 
 #: How long one blocking fetch waits on the server. Bounds how long a
 #: blocked thread takes to notice quiet or shutdown (a job it receives then
@@ -43,26 +46,22 @@ PAUSED_REFRESH_S = 1.0
 
 logger = logging.getLogger("django_cogworker")
 
-MIN_REDIS_VERSION = (6, 2)
-
 BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
-#: How requeue.lua marks the payload of a job it recovered from a dead process.
-RECOVERED_MARK = b'"orphaned":'
+__all__ = ["STRATEGIES", "BasicFetch", "FetchContext", "Fetcher", "ReliableFetch", "UnitOfWork"]
 
 
 @dataclass(frozen=True)
-class UnitOfWork:
-    queue: str
-    raw: bytes
-    #: When the fetch that brought it returned (monotonic clock): a job not
-    #: started soon after is checked to be still ours first (G18).
-    fetched_at: float = 0.0
+class FetchContext:
+    """What a fetcher needs of its process, and no more."""
 
-    @property
-    def recovered(self) -> bool:
-        """Once recovered from a dead process (requeue.lua marks it)."""
-        return RECOVERED_MARK in self.raw
+    client: Client
+    keys: Keys
+    config: Config
+    identity: str
+    queues: tuple[QueueSpec, ...]
+    quiet: threading.Event
+    ledger: Ledger
 
 
 def is_unknown_command(exc: redis.ResponseError) -> bool:
@@ -70,40 +69,16 @@ def is_unknown_command(exc: redis.ResponseError) -> bool:
     return "unknown command" in text or "unknown redis command" in text
 
 
-def reliable_supported(client: Client) -> bool:
-    """Whether the server can do reliable fetch: >= 6.2, and BLMOVE and LPOS
-    not renamed or disabled. A connection error propagates: not an answer,
-    so the caller asks again later instead of remembering a guess."""
-    try:
-        version = client.info("server").get("redis_version", "")
-        parts = tuple(int(p) for p in str(version).split(".")[:2])
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise
-    except (redis.RedisError, ValueError):
-        parts = MIN_REDIS_VERSION  # INFO restricted: assume current; runtime errors still catch it
-    if parts < MIN_REDIS_VERSION:
-        return False
-    try:
-        # One argument "COMMAND INFO", not two: redis-py parses the reply of
-        # "COMMAND" and fails (TypeError) on the nil entry a renamed or
-        # disabled command gets, so the check would never get an answer.
-        found = client.execute_command("COMMAND INFO", "BLMOVE", "LPOS")
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise
-    except redis.RedisError:
-        return True
-    return all(entry for entry in found)
-
-
 class Fetcher:
     """Shared by all processor threads of one process."""
 
     reliable = False
+    name = ""
 
-    def __init__(self, manager: Manager) -> None:
-        self.manager = manager
-        self.client = manager.client
-        self.keys = manager.keys
+    def __init__(self, ctx: FetchContext) -> None:
+        self.ctx = ctx
+        self.client = ctx.client
+        self.keys = ctx.keys
         self._paused: frozenset[str] = frozenset()
         self._paused_at = 0.0
         self._idle = threading.local()
@@ -115,7 +90,7 @@ class Fetcher:
         if now - self._paused_at > PAUSED_REFRESH_S:
             self._paused = frozenset(m.decode() for m in self.client.smembers(self.keys.paused))
             self._paused_at = now
-        specs = [q for q in self.manager.queues if q.name not in self._paused]
+        specs = [q for q in self.ctx.queues if q.name not in self._paused]
         if not any(q.weight for q in specs):
             return [q.name for q in specs]
         pool = [q.name for q in specs for _ in range(q.weight)]
@@ -123,11 +98,11 @@ class Fetcher:
         return list(dict.fromkeys(pool))
 
     def idle_sleep(self) -> None:
-        cap = self.manager.config.fetch_idle_max_interval_s
+        cap = self.ctx.config.fetch_idle_max_interval_s
         last = getattr(self._idle, "interval", None)
         interval = min(last * 2, cap) if last else min(EMPTY_POLL_INTERVAL_S, cap)
         self._idle.interval = interval
-        self.manager.quiet.wait(interval * (0.75 + random.random() * 0.25))
+        self.ctx.quiet.wait(interval * (0.75 + random.random() * 0.25))
 
     def not_idle(self) -> None:
         self._idle.interval = None
@@ -160,24 +135,24 @@ class Fetcher:
         """Whether the job is still this process's to run (see ReliableFetch)."""
         return True
 
-    def flush_acks(self) -> None:
-        """Sends acknowledgements still waiting for a fetch (none by default)."""
+    def take_acks(self) -> list[tuple[UnitOfWork, str]]:
+        """The acknowledgements still waiting for a fetch, for the caller to
+        send (none by default)."""
+        return []
 
-    def return_buffered(self) -> None:
-        """Gives back jobs fetched ahead for threads (none by default)."""
-
-    def _trim_args(self, zset: str, trim: bool) -> list[Arg]:
-        if not trim:
-            return ["", ""]
-        config = self.manager.config
-        return [repr(time.time() - config.dead_timeout_s), str(config.dead_max_jobs)]
+    def take_buffered(self) -> list[UnitOfWork]:
+        """The jobs fetched for threads that will not run them (quiet), for
+        the caller to give back (none by default)."""
+        return []
 
 
 class BasicFetch(Fetcher):
+    name = "basic"
+
     def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
         queues = self.active_queues()
         if not queues:
-            self.manager.quiet.wait(BLOCKING_TIMEOUT_S)
+            self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
         got = self.client.brpop([self.keys.queue(q) for q in queues], timeout=BLOCKING_TIMEOUT_S)
         if got is None:
@@ -189,14 +164,8 @@ class BasicFetch(Fetcher):
         pass
 
     def file(self, work: UnitOfWork, zset: str, score: float, payload: bytes, jid: str, trim: bool) -> bool:
-        args: list[Arg] = [work.raw, repr(score), payload, "0", *self._trim_args(zset, trim)]
-        return bool(
-            script("file")(
-                self.client,
-                [self.keys.inprogress(self.manager.identity), zset, self.keys.orphanings(jid)],
-                args,
-            )
-        )
+        ctx = self.ctx
+        return file_job(ctx.client, ctx.keys, ctx.config, None, work.raw, zset, score, payload, jid, trim)
 
     def give_back(self, work: UnitOfWork) -> None:
         self.client.rpush(self.keys.queue(work.queue), work.raw)
@@ -206,19 +175,20 @@ class ReliableFetch(Fetcher):
     """Jobs are taken in batches while the worker is busy: one call
     acknowledges what the threads finished and moves a job for the calling
     thread and one for each other thread waiting for one. Slots are
-    reserved with the manager before the call (G19), so threads finishing
+    reserved in the ledger before the call (G19), so threads finishing
     together never fetch for the same free threads, and a job fetched for
     another thread waits in memory (on the in-progress list, known to the
-    manager as held, so never a stray) only until that thread picks it up.
+    ledger as held, so never a stray) only until that thread picks it up.
     An ack waits in memory (as a pending ack, never to be run again) for the
     next call. When the queues run dry, a thread acknowledges at once, and
     with one queue it then blocks on BLMOVE."""
 
     reliable = True
+    name = "reliable"
 
-    def __init__(self, manager: Manager) -> None:
-        super().__init__(manager)
-        self.inprogress = self.keys.inprogress(manager.identity)
+    def __init__(self, ctx: FetchContext) -> None:
+        super().__init__(ctx)
+        self.inprogress = self.keys.inprogress(ctx.identity)
         self.buffer: collections.deque[UnitOfWork] = collections.deque()
         self.acks: list[tuple[UnitOfWork, str]] = []
         self._acks_lock = threading.Lock()
@@ -231,14 +201,14 @@ class ReliableFetch(Fetcher):
         if not queues:
             self.defer(done)
             self.flush_acks()
-            self.manager.quiet.wait(BLOCKING_TIMEOUT_S)
+            self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
         # A thread about to block on BLMOVE (idle, one queue) reserves only
         # its own slot, so that every idle thread can wait there at once.
         blocking = (
             len(queues) == 1 and done is None and not self.acks and getattr(self._idle, "blocking", False)
         )
-        slot = self.manager.reserve(self.buffer, 1 if blocking else None)
+        slot = self.ctx.ledger.reserve(self.buffer, 1 if blocking else None)
         if slot is None or isinstance(slot, UnitOfWork):
             self.defer(done)
             return slot
@@ -246,7 +216,7 @@ class ReliableFetch(Fetcher):
         try:
             works = self.fetch(queues, slot, done)
         finally:
-            self.manager.fetched(works, slot, self.buffer)
+            self.ctx.ledger.fetched(works, slot, self.buffer)
         return works[0] if works else None
 
     def defer(self, done: tuple[UnitOfWork, str] | None) -> None:
@@ -278,7 +248,7 @@ class ReliableFetch(Fetcher):
                         self.report_broken_queue(found[1])
                     self.idle_sleep()
                     return []
-            self.manager.shrink(slots, 1)
+            self.ctx.ledger.shrink(slots, 1)
             raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
         except redis.ResponseError as exc:
             if is_unknown_command(exc):
@@ -303,8 +273,9 @@ class ReliableFetch(Fetcher):
             [len(queues), max(1, want), *(work.raw for work, _ in acks)],
         )
         # Sent: they are acknowledged (a call that failed leaves them pending
-        # in the manager's memory, where reconcile settles them).
-        self.manager.forget_pending_many([work.raw for work, _ in acks])
+        # in the ledger, where reconcile settles them).
+        if acks:
+            self.ctx.ledger.acked([work.raw for work, _ in acks])
         return found
 
     def still_owned(self, work: UnitOfWork) -> bool:
@@ -313,27 +284,62 @@ class ReliableFetch(Fetcher):
         return self.client.lpos(self.inprogress, work.raw) is not None
 
     def flush_acks(self) -> None:
-        """Acknowledges what waits, now (the thread will not fetch soon)."""
+        """Acknowledges what waits, now (the thread will not fetch soon). A
+        failure leaves the rest pending in the ledger, for reconcile (G6)."""
+        for work, jid in self.take_acks():
+            self.ack(work, jid)
+            self.ctx.ledger.settled(work.raw)
+
+    def take_acks(self) -> list[tuple[UnitOfWork, str]]:
         with self._acks_lock:
             acks, self.acks = self.acks, []
-        for work, jid in acks:
-            self.manager.settle_ack(work, jid)
+        return acks
 
-    def return_buffered(self) -> None:
-        """Gives back the jobs taken for threads that will not run them (quiet)."""
+    def take_buffered(self) -> list[UnitOfWork]:
+        taken = []
         while True:
             try:
-                work = self.buffer.popleft()
+                taken.append(self.buffer.popleft())
             except IndexError:
-                return
-            self.manager.give_back(work)
+                return taken
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         script("ack")(self.client, [self.inprogress, self.keys.orphanings(jid)], [work.raw])
 
     def file(self, work: UnitOfWork, zset: str, score: float, payload: bytes, jid: str, trim: bool) -> bool:
-        args: list[Arg] = [work.raw, repr(score), payload, "1", *self._trim_args(zset, trim)]
-        return bool(script("file")(self.client, [self.inprogress, zset, self.keys.orphanings(jid)], args))
+        ctx, raw = self.ctx, work.raw
+        return file_job(
+            ctx.client, ctx.keys, ctx.config, self.inprogress, raw, zset, score, payload, jid, trim
+        )
 
     def give_back(self, work: UnitOfWork) -> None:
-        script("requeue_one")(self.client, [self.inprogress], [work.raw, *self.manager.requeue_args()])
+        requeue_one(self.client, self.keys, self.inprogress, work.raw)
+
+
+def file_job(
+    client: Any,
+    keys: Keys,
+    config: Config,
+    inprogress: str | None,
+    raw: bytes,
+    zset: str,
+    score: float,
+    payload: bytes,
+    jid: str,
+    trim: bool,
+) -> bool:
+    """Files a failed job in retry or dead (``file.lua``), taking it off
+    ``inprogress`` when given (reliable fetch: only if it is still there,
+    G18), trimming the dead set to DEAD_TIMEOUT and DEAD_MAX_JOBS when
+    ``trim``. The testing helpers file through here too."""
+    bounds: list[Arg] = (
+        [repr(time.time() - config.dead_timeout_s), str(config.dead_max_jobs)] if trim else ["", ""]
+    )
+    args: list[Arg] = [raw, repr(score), payload, "0" if inprogress is None else "1", *bounds]
+    # Without a list, KEYS[1] is a name file.lua never touches (no list to take the job off).
+    listed = inprogress if inprogress is not None else keys.inprogress("")
+    return bool(script("file")(client, [listed, zset, keys.orphanings(jid)], args))
+
+
+#: The fetch strategies by name: what ``FETCH`` and ``--fetch`` accept.
+STRATEGIES: dict[str, type[Fetcher]] = {"reliable": ReliableFetch, "basic": BasicFetch}

@@ -22,14 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from django_cogworker.payload import summary
 from django_cogworker.scripts import script
+from django_cogworker.stats import DAILY_STATS_TTL_S, stat_keys, today
 
 if TYPE_CHECKING:
     from django_cogworker.launcher import Launcher
 
 logger = logging.getLogger("django_cogworker")
-
-#: Daily counters are kept this long.
-DAILY_STATS_TTL_S = 400 * 24 * 3600
 
 
 def rss_kb() -> int:
@@ -72,13 +70,13 @@ class Heartbeat:
             "rss_kb": str(rss_kb()),
             "fetch": m.fetch_mode,
             "recovery": json.dumps(self.launcher.recovery.last_report),
+            "processor_crashes": str(m.crashes),
         }
 
     def beat(self) -> list[str]:
         m = self.manager
         k = m.keys
-        processed, failed = m.take_counts()
-        day = time.strftime("%Y-%m-%d", time.gmtime())
+        processed, failed = m.ledger.take_counts()
         fields = self.fields()
         jobs = self.running_records()
         args: list[str | bytes | int] = [
@@ -103,16 +101,13 @@ class Heartbeat:
                     k.inprogress_identities,
                     k.workers(m.identity),
                     k.signals(m.identity),
-                    k.stat_processed,
-                    k.stat_failed,
-                    k.stat_processed_on(day),
-                    k.stat_failed_on(day),
+                    *stat_keys(k, today()),
                     k.beats,
                 ],
                 args,
             )
         except Exception:
-            m.give_counts_back(processed, failed)
+            m.ledger.give_counts_back(processed, failed)
             raise
         if not registered and not self.unregistered:
             logger.error(
@@ -127,14 +122,10 @@ class Heartbeat:
         """jid, record pairs of the jobs running now for ``N:workers``: a
         bounded summary of each (``payload.summary``), never the payload
         itself, which a beat would otherwise send again and again."""
-        m = self.manager
-        # Read under the manager's lock, not through snapshot(), which parses
-        # every running payload for its jid on every call: the summary has it.
-        with m._lock:
-            running = sorted(m.running.items())
         summaries: dict[int, tuple[bytes, dict[str, Any]]] = {}
         jobs: list[str | bytes] = []
-        for thread, (work, started, _) in running:
+        for thread, running in self.manager.ledger.running_now():
+            work, started = running.work, running.started_at
             cached = self.summaries.get(id(work.raw))
             about = cached[1] if cached is not None and cached[0] is work.raw else summary(work.raw)
             summaries[id(work.raw)] = (work.raw, about)

@@ -25,13 +25,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django_cogworker import middleware, threads
+from django_cogworker import middleware, stats, threads
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.heartbeat import DAILY_STATS_TTL_S, Heartbeat
+from django_cogworker.heartbeat import Heartbeat
 from django_cogworker.manager import Manager
 from django_cogworker.periodic import Ticker
 from django_cogworker.poller import Poller
 from django_cogworker.recovery import Recovery
+from django_cogworker.settle import file_unsettled
 
 logger = logging.getLogger("django_cogworker")
 
@@ -146,7 +147,7 @@ class Launcher:
             self.identity,
             self.manager.shutdown_timeout_s,
         )
-        self.manager.stop(self.recovery.settle_unfinished)
+        self.manager.stop()
         self.done.set()
         # A beat still in flight would register this process again right
         # after it deregistered (a dead process in the admin, and in the
@@ -162,17 +163,9 @@ class Launcher:
         m = self.manager
         k = m.keys
         try:
-            processed, failed = m.take_counts()
-            day = time.strftime("%Y-%m-%d", time.gmtime())
+            processed, failed = m.ledger.take_counts()
+            stats.count(m.client, k, processed=processed, failed=failed)
             pipe = m.client.pipeline(transaction=False)
-            if processed:
-                pipe.incrby(k.stat_processed, processed)
-                pipe.incrby(k.stat_processed_on(day), processed)
-                pipe.expire(k.stat_processed_on(day), DAILY_STATS_TTL_S)
-            if failed:
-                pipe.incrby(k.stat_failed, failed)
-                pipe.incrby(k.stat_failed_on(day), failed)
-                pipe.expire(k.stat_failed_on(day), DAILY_STATS_TTL_S)
             pipe.delete(k.process(m.identity), k.workers(m.identity), k.signals(m.identity))
             pipe.srem(k.processes, m.identity)
             pipe.execute()
@@ -189,21 +182,28 @@ class Launcher:
     # -- housekeeping ------------------------------------------------------------
 
     def housekeep(self) -> None:
-        recovery = self.recovery
-        reliable = self.manager.reliable
-        if reliable:
-            recovery.recover_orphans(scan=True)
-        next_check = time.monotonic() + self.orphan_check_interval_s()
-        while not self.done.wait(self.config.heartbeat_interval_s):
-            if self.manager.reliable:
-                recovery.isolated("reconciling this process's list", None, None, recovery.reconcile)
+        """Every beat: settle what is owed and requeue strays (G6, G7); every
+        ORPHAN_CHECK_INTERVAL, and at boot with a key scan: orphan recovery
+        (reliable fetch only), poison pills and unsettled jobs."""
+        recovery, settler = self.recovery, self.manager.settler
+        scan = True
+        next_check = time.monotonic()
+        while True:
             if time.monotonic() >= next_check:
                 if self.manager.reliable:
-                    recovery.recover_orphans()
+                    recovery.recover_orphans(scan=scan)
                 else:
                     recovery.isolated("burying repeat orphans", 0, None, recovery.bury_repeat_orphans)
-                    recovery.isolated("filing unsettled jobs", 0, None, recovery.file_unsettled)
+                recovery.isolated("filing unsettled jobs", 0, None, self.file_unsettled)
+                scan = False
                 next_check = time.monotonic() + self.orphan_check_interval_s()
+            if self.done.wait(self.config.heartbeat_interval_s):
+                return
+            if self.manager.reliable:
+                recovery.isolated("reconciling this process's list", None, None, settler.reconcile)
+
+    def file_unsettled(self) -> int:
+        return file_unsettled(self.manager.context)
 
     def orphan_check_interval_s(self) -> float:
         return self.config.orphan_check_interval_s * (0.9 + 0.2 * random.random())

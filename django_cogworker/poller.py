@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.errors import BadPayload
+from django_cogworker.keys import Keys
 from django_cogworker.payload import encode, parse
 from django_cogworker.scripts import script
 
@@ -40,23 +43,7 @@ class Poller:
         return moved
 
     def move_due(self, zset: str) -> int:
-        moved = 0
-        while not self.launcher.done.is_set():
-            now = time.time()
-            entries = self.client.zrangebyscore(zset, "-inf", repr(now), start=0, num=BATCH_SIZE)
-            if not entries:
-                break
-            keys = [zset, self.keys.queues]
-            args: list[bytes | str] = []
-            for entry in entries:
-                queue, payload = self.prepare(entry, now)
-                keys.append(self.keys.queue(queue))
-                args += [entry, payload, queue]
-            count = int(script("move_due")(self.client, keys, args))
-            moved += count
-            if count == 0 or len(entries) < BATCH_SIZE:
-                break  # nothing movable left (a broken queue key keeps its jobs back)
-        return moved
+        return move_due(self.client, self.keys, zset, self.launcher.done)
 
     @staticmethod
     def prepare(entry: bytes, now: float) -> tuple[str, bytes]:
@@ -66,10 +53,10 @@ class Poller:
         try:
             payload = parse(entry)
         except BadPayload:  # not JSON, or nested too deeply to read
-            return "default", entry
+            return DEFAULT_QUEUE, entry
         queue = payload.get("queue") if isinstance(payload, dict) else None
         if not isinstance(queue, str) or not queue:
-            return "default", entry
+            return DEFAULT_QUEUE, entry
         payload["enqueued_at"] = now
         return queue, encode(payload)
 
@@ -102,3 +89,27 @@ class Poller:
                 failing = False
             if self.launcher.done.wait(self.interval_s()):
                 return
+
+
+def move_due(client: Any, keys: Keys, zset: str, stop: threading.Event | None = None) -> int:
+    """Moves the due jobs of ``zset`` to their queues, a batch per
+    ``move_due.lua`` call (which moves a job only if it is still in the set,
+    so processes polling at once never move a job twice). The testing
+    helpers move due jobs through here too."""
+    moved = 0
+    while stop is None or not stop.is_set():
+        now = time.time()
+        entries = client.zrangebyscore(zset, "-inf", repr(now), start=0, num=BATCH_SIZE)
+        if not entries:
+            break
+        script_keys = [zset, keys.queues]
+        args: list[bytes | str] = []
+        for entry in entries:
+            queue, payload = Poller.prepare(entry, now)
+            script_keys.append(keys.queue(queue))
+            args += [entry, payload, queue]
+        count = int(script("move_due")(client, script_keys, args))
+        moved += count
+        if count == 0 or len(entries) < BATCH_SIZE:
+            break  # nothing movable left (a broken queue key keeps its jobs back)
+    return moved

@@ -1,25 +1,29 @@
 """One processor thread: fetch a job, run it, settle it, repeat.
 
-Duties: keep the manager's in-memory record of what this thread runs (the
-only record strays are judged by, G7); hand every outcome to Redis, and when
-that fails leave it with the manager to settle later, never to re-run (G6);
-survive any exception a job raises (G14) and any Redis outage (threads back
-off, log once per outage, and resume: SPEC section 8).
+Duties: keep the ledger's record of what this thread runs (the only record
+strays are judged by, G7); start no job fetched so long ago that it may no
+longer be ours (G18); run one job recovered from a dead process at a time
+(G3); hand every outcome to the settler, which keeps it owed when Redis
+cannot take it, never to re-run (G6); survive any exception a job raises
+(G14) and any Redis outage (back off, the outage logged once per process,
+and resume: SPEC section 8).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from django_cogworker import execution
-from django_cogworker.errors import UnsupportedServer
-from django_cogworker.fetch import UnitOfWork
-
-if TYPE_CHECKING:
-    from django_cogworker.manager import Manager
+from django_cogworker.conf import Config
+from django_cogworker.errors import BadPayload, UnsupportedServer
+from django_cogworker.fetching import Fetching
+from django_cogworker.ledger import ACK, Ledger, UnitOfWork
+from django_cogworker.outage import Outage
+from django_cogworker.settle import Settler
 
 logger = logging.getLogger("django_cogworker")
 
@@ -30,27 +34,51 @@ OUTAGE_BACKOFF_MAX_S = 5.0
 SUSPECT_RETRY_S = 0.2
 
 
+@dataclass(frozen=True)
+class Crew:
+    """What a processor thread shares with the others of its process."""
+
+    config: Config
+    ledger: Ledger
+    fetching: Fetching
+    settler: Settler
+    outage: Outage
+    quiet: threading.Event
+
+    @property
+    def revival_check_s(self) -> float:
+        """A job not started this long after its fetch is checked to be
+        still ours first (G18): half the shortest time after which another
+        process could have taken it (no beat for HEARTBEAT_TTL, and
+        ORPHAN_THRESHOLD since the last one)."""
+        return min(self.config.heartbeat_ttl_s, self.config.orphan_threshold_s) / 2
+
+
 class Processor:
-    def __init__(self, manager: Manager, index: int) -> None:
-        self.manager = manager
+    def __init__(self, crew: Crew, index: int) -> None:
+        self.crew = crew
         self.index = index
         self.backoff_s = 0.0
+        #: The job this thread holds or runs, for the manager to release if
+        #: the thread dies of an error of ours.
+        self.current: UnitOfWork | None = None
 
     def run(self) -> None:
-        manager = self.manager
+        crew = self.crew
         # The previous job, finished, whose ack rides on the next fetch. It
-        # is recorded as a pending ack in the manager's memory meanwhile, so
-        # it is never taken for a stray and never run again (G6).
+        # is recorded as owed in the ledger meanwhile, so it is never taken
+        # for a stray and never run again (G6).
         done: tuple[UnitOfWork, str] | None = None
-        while not manager.quiet.is_set():
+        while not crew.quiet.is_set():
+            self.current = None
             try:
-                work = manager.fetcher().retrieve(done)
+                work = crew.fetching.current().retrieve(done)
             except UnsupportedServer as exc:
-                manager.fall_back_to_basic(str(exc))
+                crew.fetching.fall_back(str(exc))
                 continue
             except Exception as exc:
-                done = None  # stays a pending ack: reconcile retries it
-                if not manager.outage.failed(exc):
+                done = None  # stays owed: reconcile retries it
+                if not crew.outage.failed(exc):
                     logger.exception("fetch failed")
                 self.back_off()
                 continue
@@ -58,50 +86,55 @@ class Processor:
             self.recovered()
             if work is None:
                 continue
-            if manager.quiet.is_set():
-                manager.give_back(work)
+            self.current = work
+            if crew.quiet.is_set():
+                crew.settler.give_back(work)
                 break
-            if time.monotonic() - work.fetched_at > manager.revival_check_s and not self.still_ours(work):
+            if time.monotonic() - work.fetched_at > crew.revival_check_s and not self.still_ours(work):
                 continue
             suspect = work.recovered
-            if suspect and not manager.begin_suspect():
+            if suspect and not crew.ledger.begin_suspect():
                 # G3: a job recovered from a dead process may be the poison
                 # pill that killed it. One at a time per process, so that
                 # when it kills this one too, no other suspect dies with it
                 # and gets counted as a poison pill in turn.
-                manager.give_back(work)
-                manager.quiet.wait(SUSPECT_RETRY_S * (0.5 + random.random()))
+                crew.settler.give_back(work)
+                crew.quiet.wait(SUSPECT_RETRY_S * (0.5 + random.random()))
                 continue
             try:
                 done = self.process(work)
             finally:
                 if suspect:
-                    manager.end_suspect()
+                    crew.ledger.end_suspect()
         if done is not None:
-            manager.settle_ack(*done)
+            crew.settler.settle_ack(*done)
 
     def process(self, work: UnitOfWork) -> tuple[UnitOfWork, str] | None:
         """Runs one job; returns it if its ack is left to the next fetch."""
-        manager = self.manager
-        manager.started(self.index, work)
+        crew = self.crew
+        crew.ledger.started(self.index, work)
         try:
-            outcome = execution.execute(work.raw, manager.config, queue=work.queue)
+            payload = work.payload()
+        except BadPayload:
+            payload = None  # execute() files it in dead, raw kept (G13)
+        try:
+            outcome = execution.execute(work.raw, crew.config, queue=work.queue, payload=payload)
         except BaseException:
             # Only a bug of ours gets here (execute() catches the job's own
             # exceptions). Leave the job on the list: a stray, requeued by
             # reconcile.
             logger.exception("processing a job failed unexpectedly; left in progress")
-            manager.finished(self.index, work, None)
+            crew.ledger.finished(self.index, work, None)
             return None
         # A recovered job is acknowledged at once, with its orphan counter:
-        # left pending, a kill before the next fetch would count it as
-        # orphaned again though it had finished (G19).
-        if outcome.kind == execution.ACK and manager.reliable and not work.recovered:
-            manager.defer_ack(work)
-            manager.finished(self.index, work, outcome)
+        # left owed, a kill before the next fetch would count it as orphaned
+        # again though it had finished (G19).
+        if outcome.kind == execution.ACK and crew.fetching.reliable and not work.recovered:
+            crew.ledger.owe(work.raw, ACK)
+            crew.ledger.finished(self.index, work, outcome.failed)
             return (work, outcome.jid)
-        manager.settle(work, outcome)
-        manager.finished(self.index, work, outcome)
+        crew.settler.settle(work, outcome)
+        crew.ledger.finished(self.index, work, outcome.failed)
         return None
 
     def still_ours(self, work: UnitOfWork) -> bool:
@@ -111,11 +144,11 @@ class Processor:
         elsewhere; starting it now would be a second run. When the list
         cannot be read, the job is not run either: if it is still there,
         the stray check requeues it."""
-        manager = self.manager
+        crew = self.crew
         try:
-            owned = manager.fetcher().still_owned(work)
+            owned = crew.fetching.current().still_owned(work)
         except Exception as exc:
-            if not manager.outage.failed(exc):
+            if not crew.outage.failed(exc):
                 logger.error("could not check a job fetched long ago (%s); not starting it", exc)
             owned = False
         else:
@@ -125,14 +158,14 @@ class Processor:
                     time.monotonic() - work.fetched_at,
                 )
         if not owned:
-            manager.unhold(work)
+            crew.ledger.unhold(work)
         return owned
 
     def back_off(self) -> None:
         self.backoff_s = min(max(self.backoff_s * 2, 0.1), OUTAGE_BACKOFF_MAX_S)
-        self.manager.quiet.wait(self.backoff_s)
+        self.crew.quiet.wait(self.backoff_s)
 
     def recovered(self) -> None:
         if self.backoff_s:
             self.backoff_s = 0.0
-            self.manager.outage.succeeded()
+            self.crew.outage.succeeded()

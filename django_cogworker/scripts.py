@@ -13,12 +13,14 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.exceptions import NoScriptError
 
-from django_cogworker.connection import Client
+if TYPE_CHECKING:
+    from django_cogworker.connection import Client
+
 
 Arg = str | bytes | int | float
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from django_cogworker import client, execution
 from django_cogworker.conf import Config, get_config
 from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.fetch import file_job
 from django_cogworker.payload import Payload
-from django_cogworker.poller import Poller
+from django_cogworker.poller import move_due
 
 
 class InlineResult:
@@ -77,23 +77,17 @@ def _pop_any(redis_client: Any, k: Any, names: list[str]) -> bytes | None:
 
 
 def _apply(redis_client: Any, k: Any, outcome: execution.Outcome, config: Config) -> None:
-    if outcome.kind == execution.RETRY:
-        redis_client.zadd(k.retry, {outcome.encoded(): outcome.score})
-    elif outcome.kind == execution.DEAD:
-        # Trimmed as a worker's filing trims it (DEAD_TIMEOUT, DEAD_MAX_JOBS).
-        pipe = redis_client.pipeline(transaction=False)
-        pipe.zadd(k.dead, {outcome.encoded(): outcome.score})
-        pipe.zremrangebyscore(k.dead, "-inf", f"({time.time() - config.dead_timeout_s!r}")
-        pipe.zremrangebyrank(k.dead, 0, -(config.dead_max_jobs + 1))
-        pipe.execute()
+    """Files a failure with the script a worker files it with (``file.lua``:
+    the dead set trimmed to DEAD_TIMEOUT and DEAD_MAX_JOBS alike)."""
+    if outcome.kind in (execution.RETRY, execution.DEAD):
+        zset = k.retry if outcome.kind == execution.RETRY else k.dead
+        trim = outcome.kind == execution.DEAD
+        payload, jid = outcome.encoded(), outcome.jid
+        file_job(redis_client, k, config, None, b"", zset, outcome.score, payload, jid, trim)
 
 
 def _move_due(redis_client: Any, k: Any) -> None:
-    now = time.time()
+    # With the poller's script: an unreadable entry goes to "default"
+    # unchanged, where execute() files it in dead (G13).
     for zset in (k.schedule, k.retry):
-        for entry in redis_client.zrangebyscore(zset, "-inf", repr(now)):
-            if redis_client.zrem(zset, entry):
-                # As the poller moves it: an unreadable entry goes to
-                # "default" unchanged, where execute() files it in dead (G13).
-                queue, payload = Poller.prepare(entry, now)
-                redis_client.lpush(k.queue(queue), payload)
+        move_due(redis_client, k, zset)

@@ -1,4 +1,9 @@
-"""Starting threads: named, and a crash is logged, never silently lost."""
+"""Starting threads: named, and a crash is logged, never silently lost.
+
+A thread started with ``on_crash`` hands its crash to that callback (which
+stops the process, or replaces the thread); one without re-raises, for
+Python's own thread exception hook.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +22,9 @@ def start(
             target()
         except BaseException:
             logger.exception("thread %s crashed", name)
-            if on_crash is not None:
-                on_crash(name)
-            raise
+            if on_crash is None:
+                raise
+            on_crash(name)
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()

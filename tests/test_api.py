@@ -7,8 +7,8 @@ import datetime as dt
 import json
 import signal
 import socket
+import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,8 +26,12 @@ from django_cogworker.api import (
 )
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.fetch import FetchContext
+from django_cogworker.fetching import Fetching
+from django_cogworker.ledger import Filing, Ledger
+from django_cogworker.outage import Outage
 from django_cogworker.payload import encode
-from django_cogworker.recovery import Recovery
+from django_cogworker.settle import Settler
 from testproject.testapp import jobs
 from tests.conftest import wait_for
 
@@ -265,14 +269,16 @@ def test_kill_moves_to_dead_keeping_or_adding_the_error(cog):
 
 def park(cog: Any, job_obj: Any, *args: Any) -> execution.Outcome:
     """What a stopping worker does with a failure it could not file: the
-    recovery module hands it to the unsettled list."""
+    settler hands it to the unsettled list."""
     raw = encode(job_obj.payload(args, {}))
     outcome = execution.execute(raw, get_config(), close_connections=False)
     assert outcome.kind in (execution.RETRY, execution.DEAD)
-    manager = SimpleNamespace(client=get_redis(), keys=get_keys(), config=get_config(), identity="gone")
+    quiet = threading.Event()
+    ctx = FetchContext(get_redis(), get_keys(), get_config(), "gone", (), quiet, Ledger(1, quiet))
     cog.redis.lpush(cog.key("inprogress:gone"), raw)
     zset = cog.key("retry") if outcome.kind == execution.RETRY else cog.key("dead")
-    Recovery(manager).park_unsettled({raw: (zset, outcome.score, outcome.encoded(), outcome.jid, False)})
+    settler = Settler(ctx, Fetching(ctx, "reliable"), Outage())
+    settler.park_unsettled({raw: Filing(zset, outcome.score, outcome.encoded(), outcome.jid, False)})
     assert cog.redis.llen(cog.key("inprogress:gone")) == 0
     return outcome
 

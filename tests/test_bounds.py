@@ -112,15 +112,15 @@ def test_g19_threads_finishing_together_fetch_within_the_bound(cog, in_process):
     cog.configure(CONCURRENCY=CONCURRENCY)
     jids = jobs.record.delay_many([((i,), {}) for i in range(1500)])
     worker = in_process(concurrency=CONCURRENCY)
-    manager = worker.manager
+    ledger = worker.manager.ledger
     peak = 0
     stop = threading.Event()
 
     def watch() -> None:
         nonlocal peak
         while not stop.is_set():
-            with manager._lock:
-                taken = len(manager.running) + sum(manager.held.values()) + manager.reserved
+            with ledger.lock:
+                taken = len(ledger.running) + sum(ledger.held.values()) + ledger.reserved
             peak = max(peak, taken)
             time.sleep(0.0005)
 

@@ -13,6 +13,7 @@ Intervals come from ``FAST`` in conftest: heartbeat 0.2 s, presence TTL
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import signal
@@ -35,6 +36,7 @@ from django_cogworker.launcher import Launcher
 from django_cogworker.manager import INTERRUPT_DELAY_S, MAX_INTERRUPTS, Manager
 from django_cogworker.payload import encode
 from django_cogworker.recovery import ORPHANINGS_TTL_S
+from django_cogworker.requeue import requeue_list
 from django_cogworker.scripts import script
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, kill, wait_for
@@ -158,28 +160,21 @@ def run_requeue(
     max_orphanings: int = 3,
     marks: tuple[bytes, ...] = (),
 ) -> list[Any]:
-    """requeue.lua called directly, with the arguments Recovery passes."""
-    k = keys()
-    return list(
-        script("requeue")(
-            client or cog.redis,
-            [k.inprogress(identity), k.process(identity), k.last_beat, k.repeat_orphans, k.dead, k.beats],
-            [
-                k.queue_prefix,
-                "default",
-                k.periodic_running_prefix,
-                3600,
-                identity,
-                "" if threshold_s is None else repr(threshold_s),
-                repr(time.time() if caller_now is None else caller_now),
-                k.orphanings_prefix,
-                ORPHANINGS_TTL_S,
-                max_orphanings,
-                "",  # no stall check: these tests plant beats by hand
-                *marks,
-            ],
-        )
+    """requeue.lua run as Recovery runs it (requeue.py), without the stall
+    check: these tests plant beats by hand. ``marks``: b"d:<job>" (finished)
+    or b"k:<job>" (kept)."""
+    config = dataclasses.replace(get_config(), max_orphanings=max_orphanings)
+    moved, buried = requeue_list(
+        client or cog.redis,
+        keys(),
+        config,
+        identity,
+        if_dead_for_s=threshold_s,
+        finished=[m[2:] for m in marks if m.startswith(b"d:")],
+        keep=[m[2:] for m in marks if m.startswith(b"k:")],
+        now=caller_now,
     )
+    return [moved, *buried]
 
 
 def fail_acking_fetch(

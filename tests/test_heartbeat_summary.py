@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from html import unescape
 from types import SimpleNamespace
@@ -18,9 +17,10 @@ import pytest
 from django.test import Client
 
 from django_cogworker import api, heartbeat
-from django_cogworker.admin_views import segment
+from django_cogworker.admin.helpers import segment
 from django_cogworker.connection import get_keys
 from django_cogworker.fetch import UnitOfWork
+from django_cogworker.ledger import Running
 from django_cogworker.payload import ARGS_PREVIEW_CHARS, ELLIPSIS, MAX_DEPTH, encode, summary
 from testproject.testapp import jobs
 from tests.conftest import wait_for
@@ -103,11 +103,20 @@ def test_summary_of_a_misshapen_object_keeps_the_jid_it_can_read():
 
 class FakeManager:
     """What ``Heartbeat.running_records`` reads of a manager, and no more:
-    ``snapshot()`` (which parses every payload on each call) is absent."""
+    its ledger's jobs running now (``snapshot()``, which parses every
+    payload on each call, is absent)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self.running: dict[int, tuple[UnitOfWork, float, str]] = {}
+
+    @property
+    def ledger(self) -> FakeManager:
+        return self
+
+    def running_now(self) -> list[tuple[int, Running]]:
+        return [
+            (i, Running(work, at)) for i, (work, at, _) in sorted(self.running.items(), key=lambda e: e[0])
+        ]
 
 
 def test_each_running_job_is_summarised_once_not_on_every_beat(monkeypatch):

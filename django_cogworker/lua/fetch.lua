@@ -5,7 +5,8 @@
 --              shuffle made by the caller); KEYS[Q+1] = this process's
 --              in-progress list.
 -- ARGV[1] = Q; ARGV[2] = how many jobs to take at most (from the first
--- queue that has any; a recovered job is always taken alone); ARGV[3..] =
+-- queue that has any: one for the calling thread, one for each thread the
+-- caller reserved a slot for, G19); ARGV[3..] =
 -- finished jobs, exactly as fetched, to acknowledge (never recovered ones:
 -- those are acknowledged at once, with their orphan counter, by ack.lua).
 -- Returns {index of the queue, job, job...}; false when every queue is
@@ -24,17 +25,10 @@ for i = 1, nqueues do
   local job = redis.pcall("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
   if type(job) == "string" then
     local reply = {i, job}
-    -- A job once recovered from a dead process (marked "orphaned") is never
-    -- fetched ahead, nor fetched along with others: if it is a poison pill,
-    -- the jobs that would wait beside it in memory when it kills the
-    -- process must not be counted as its accomplices.
-    if string.find(job, '"orphaned":', 1, true) then
-      return reply
-    end
     for _ = 2, want do
-      local next_job = redis.call("LINDEX", KEYS[i], -1)
-      if (not next_job) or string.find(next_job, '"orphaned":', 1, true) then break end
-      table.insert(reply, redis.call("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT"))
+      local next_job = redis.call("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
+      if not next_job then break end
+      table.insert(reply, next_job)
     end
     return reply
   elseif type(job) == "table" and job.err then

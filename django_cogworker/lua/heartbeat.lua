@@ -1,3 +1,4 @@
+--! include count_stats.lua
 -- One beat of a worker process.
 -- KEYS[1] = process hash (the presence key), KEYS[2] = processes set,
 -- KEYS[3] = last_beat hash, KEYS[4] = inprogress_identities set,
@@ -21,17 +22,7 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 
 -- Counters first: they are what was done, whatever else fails.
-local processed, failed = tonumber(ARGV[3]), tonumber(ARGV[4])
-if processed > 0 then
-  redis.call("INCRBY", KEYS[7], processed)
-  redis.call("INCRBY", KEYS[9], processed)
-  redis.call("EXPIRE", KEYS[9], ARGV[6])
-end
-if failed > 0 then
-  redis.call("INCRBY", KEYS[8], failed)
-  redis.call("INCRBY", KEYS[10], failed)
-  redis.call("EXPIRE", KEYS[10], ARGV[6])
-end
+count_stats(KEYS[7], KEYS[8], KEYS[9], KEYS[10], ARGV[3], ARGV[4], ARGV[6])
 
 local nfields = tonumber(ARGV[7])
 local fields = {}

@@ -1,0 +1,265 @@
+"""The ledger: one worker process's memory of its jobs.
+
+Duties: know which job each processor thread runs, which jobs were fetched
+for a thread and wait for it (held), how many slots a fetch call in flight
+may fill (reserved), and which finished jobs still owe Redis an ack or a
+filing (pending). Strays are judged from this memory, never from Redis
+(G7), and a pending job is never run again (G6). The jobs running, held and
+reserved never add up to more than ``CONCURRENCY`` (G19). It also counts
+the jobs processed and failed since the last beat.
+
+Everything is guarded by one lock; threads waiting for a slot wait on a
+condition of that lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from django_cogworker.errors import BadPayload
+from django_cogworker.payload import Payload, decode
+
+#: How long a thread whose job is being fetched by another thread's call
+#: waits before it looks again (it is woken as soon as the call returns).
+SLOT_WAIT_S = 0.25
+
+
+@dataclass(eq=False)
+class UnitOfWork:
+    """A fetched job, exactly as it came from its queue."""
+
+    queue: str
+    raw: bytes
+    #: When the fetch that brought it returned (monotonic clock): a job not
+    #: started soon after is checked to be still ours first (G18).
+    fetched_at: float = 0.0
+    _payload: Payload | BadPayload | None = field(default=None, repr=False)
+
+    def payload(self) -> Payload:
+        """The decoded payload (parsed once), or BadPayload (G13)."""
+        if self._payload is None:
+            try:
+                self._payload = decode(self.raw)
+            except BadPayload as exc:
+                self._payload = exc
+        if isinstance(self._payload, BadPayload):
+            raise self._payload
+        return self._payload
+
+    @property
+    def recovered(self) -> bool:
+        """Recovered once from a dead process: the payload's ``orphaned``
+        field, which the requeue writes (G3)."""
+        try:
+            return self.payload().get("orphaned") is not None
+        except BadPayload:
+            return False
+
+    @property
+    def jid(self) -> str:
+        try:
+            return str(self.payload().get("jid") or "")
+        except BadPayload:
+            return ""
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A finished job whose removal from the in-progress list is owed."""
+
+
+@dataclass(frozen=True)
+class Filing:
+    """A failed job whose filing in retry or dead is owed."""
+
+    zset: str
+    score: float
+    payload: bytes
+    jid: str
+    trim: bool
+
+
+ACK = Ack()
+Pending = Ack | Filing
+
+
+@dataclass
+class Running:
+    work: UnitOfWork
+    started_at: float  # epoch seconds, for people
+
+
+@dataclass
+class Slots:
+    """Slots reserved for one fetch call."""
+
+    count: int
+
+
+class Ledger:
+    def __init__(self, concurrency: int, quiet: threading.Event) -> None:
+        self.concurrency = concurrency
+        self.quiet = quiet
+        self.lock = threading.Lock()
+        # Woken whenever fetched jobs arrive or a slot frees up.
+        self._slots = threading.Condition(self.lock)
+        self.running: dict[int, Running] = {}
+        self._running_raw: Counter[bytes] = Counter()
+        # Fetched for a thread that has not started it yet: on our list, not
+        # running, and not a stray either.
+        self.held: Counter[bytes] = Counter()
+        self.reserved = 0
+        self.pending: dict[bytes, Pending] = {}
+        self.interrupted: set[bytes] = set()
+        self._suspect = False
+        self.processed = 0
+        self.failed = 0
+
+    # -- slots (G19) -------------------------------------------------------------
+
+    def reserve(self, buffer: deque[UnitOfWork], most: int | None = None) -> UnitOfWork | Slots | None:
+        """For a thread that wants a job: one fetched for it by another
+        thread's call, or the slots it may fetch for itself (its own and one
+        for each thread left without), reserved until :meth:`fetched`; None
+        once quiet."""
+        with self._slots:
+            while True:
+                if buffer:
+                    return buffer.popleft()
+                if self.quiet.is_set():
+                    return None
+                free = self.concurrency - len(self.running) - sum(self.held.values()) - self.reserved
+                if free > 0:
+                    if most is not None:
+                        free = min(free, most)
+                    self.reserved += free
+                    return Slots(free)
+                self._slots.wait(SLOT_WAIT_S)
+
+    def shrink(self, slots: Slots, count: int) -> None:
+        """Gives back all but ``count`` of a reservation (a thread about to
+        block for one job must not keep the others waiting)."""
+        with self._slots:
+            if slots.count > count:
+                self.reserved -= slots.count - count
+                slots.count = count
+                self._slots.notify_all()
+
+    def fetched(self, works: list[UnitOfWork], slots: Slots, buffer: deque[UnitOfWork]) -> None:
+        """Ends a reservation: the jobs a call brought are held (the first
+        for the caller, the rest in ``buffer`` for the threads waiting)."""
+        with self._slots:
+            self.reserved -= slots.count
+            slots.count = 0
+            for work in works:
+                self.held[work.raw] += 1
+            buffer.extend(works[1:])
+            self._slots.notify_all()
+
+    def unhold(self, work: UnitOfWork) -> None:
+        """A held job that will not run here (given back, or not ours)."""
+        with self._slots:
+            _decrement(self.held, work.raw)
+            self._slots.notify_all()
+
+    def wake(self) -> None:
+        """Wakes the threads waiting for a slot (quiet, stop)."""
+        with self._slots:
+            self._slots.notify_all()
+
+    # -- running -------------------------------------------------------------------
+
+    def started(self, index: int, work: UnitOfWork) -> None:
+        with self.lock:
+            _decrement(self.held, work.raw)
+            self.running[index] = Running(work, time.time())
+            self._running_raw[work.raw] += 1
+
+    def finished(self, index: int, work: UnitOfWork, failed: bool | None) -> None:
+        """``failed`` is None when the job did not run to an outcome."""
+        with self._slots:
+            self.running.pop(index, None)
+            _decrement(self._running_raw, work.raw)
+            if failed is not None:
+                self.processed += 1
+                self.failed += failed
+            self._slots.notify_all()
+
+    def running_now(self) -> list[tuple[int, Running]]:
+        with self.lock:
+            return sorted(self.running.items(), key=lambda item: item[0])
+
+    def busy(self) -> int:
+        with self.lock:
+            return len(self.running)
+
+    def running_counter(self) -> Counter[bytes]:
+        """Jobs this process runs or holds for a thread, by payload."""
+        with self.lock:
+            return self._running_raw + self.held
+
+    def begin_suspect(self) -> bool:
+        """Claims the one slot for a job recovered from a dead process (G3)."""
+        with self.lock:
+            if self._suspect:
+                return False
+            self._suspect = True
+            return True
+
+    def end_suspect(self) -> None:
+        with self.lock:
+            self._suspect = False
+
+    # -- pending settlements (G6) ------------------------------------------------------
+
+    def owe(self, raw: bytes, how: Pending) -> None:
+        with self.lock:
+            if raw not in self.interrupted:
+                self.pending[raw] = how
+
+    def settled(self, raw: bytes) -> None:
+        with self.lock:
+            self.pending.pop(raw, None)
+
+    def acked(self, raws: list[bytes]) -> None:
+        with self.lock:
+            for raw in raws:
+                if isinstance(self.pending.get(raw), Ack):
+                    del self.pending[raw]
+
+    def owed(self) -> dict[bytes, Pending]:
+        with self.lock:
+            return dict(self.pending)
+
+    def interrupt(self, raw: bytes) -> None:
+        """Filed in retry by the shutdown: whatever its thread reports later is void."""
+        with self.lock:
+            self.interrupted.add(raw)
+            self.pending.pop(raw, None)
+
+    def was_interrupted(self, raw: bytes) -> bool:
+        with self.lock:
+            return raw in self.interrupted
+
+    # -- counts for the heartbeat -----------------------------------------------------------
+
+    def take_counts(self) -> tuple[int, int]:
+        with self.lock:
+            counts = (self.processed, self.failed)
+            self.processed = self.failed = 0
+            return counts
+
+    def give_counts_back(self, processed: int, failed: int) -> None:
+        with self.lock:
+            self.processed += processed
+            self.failed += failed
+
+
+def _decrement(counter: Counter[bytes], raw: bytes) -> None:
+    if counter[raw] > 1:
+        counter[raw] -= 1
+    else:
+        counter.pop(raw, None)

@@ -1,0 +1,140 @@
+"""Putting jobs back on their queues from an in-progress list.
+
+Duties: read where each job goes (its queue, its orphan counter, the
+periodic running lock it re-takes) from its payload, in Python, and hand
+those keys to the scripts, which build none (every key a script touches is
+in ``KEYS``, so a cluster proxy that checks them works too, G16). The
+scripts re-check atomically what the read could not: that the owner is dead
+(G2) and that each job is still on the list. Used by orphan recovery, by the
+shutdown (G8), by give-backs and by the stray check (G7).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django_cogworker.conf import DEFAULT_QUEUE, Config
+from django_cogworker.errors import BadPayload
+from django_cogworker.keys import Keys
+from django_cogworker.payload import Payload, parse
+from django_cogworker.scripts import Arg, script
+
+#: TTL of the periodic running lock while its job waits in a queue.
+PERIODIC_QUEUED_TTL_S = 3600
+
+#: How long an orphan counter lives (G3).
+ORPHANINGS_TTL_S = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a job from an in-progress list goes back to."""
+
+    queue_key: str
+    jid: str
+    counter_key: str | None  # None: no jid to count by
+    lock_key: str | None  # an until_executed periodic run's lock
+    #: The payload without its closing brace, plus the recovered mark's
+    #: field name, to which the script appends the count; None for a payload
+    #: that is not a readable object or is marked already.
+    mark_prefix: bytes | None
+
+
+def destination(keys: Keys, raw: bytes) -> Destination:
+    """A payload whose queue cannot be read goes to the default queue, where
+    the processor files it in dead as unreadable (G13)."""
+    try:
+        value = parse(raw)
+    except BadPayload:
+        value = None
+    if not isinstance(value, dict):
+        return Destination(keys.queue(DEFAULT_QUEUE), "", None, None, None)
+    payload: Payload = value
+    queue = payload.get("queue")
+    jid = payload.get("jid")
+    jid = jid if isinstance(jid, str) and jid else ""
+    pjid = payload.get("periodic_pjid")
+    lock = (
+        keys.periodic_running(pjid)
+        if payload.get("periodic_until_executed") is True and isinstance(pjid, str) and pjid and jid
+        else None
+    )
+    body = raw.rstrip()
+    mark = None
+    if "orphaned" not in payload and body.endswith(b"}"):
+        # Spliced into the text, not re-encoded: the payload stays byte for
+        # byte what the client wrote, but for the one field.
+        mark = body[:-1] + (b',"orphaned":' if len(payload) else b'"orphaned":')
+    return Destination(
+        keys.queue(queue if isinstance(queue, str) and queue else DEFAULT_QUEUE),
+        jid,
+        keys.orphanings(jid) if jid else None,
+        lock,
+        mark,
+    )
+
+
+def requeue_one(client: Any, keys: Keys, list_key: str, raw: bytes) -> bool:
+    """One job back on its queue if it is still on ``list_key``."""
+    where = destination(keys, raw)
+    script_keys = [list_key, where.queue_key]
+    if where.lock_key:
+        script_keys.append(where.lock_key)
+    args: list[Arg] = [raw, where.jid, "1" if where.lock_key else "0", PERIODIC_QUEUED_TTL_S]
+    return bool(script("requeue_one")(client, script_keys, args))
+
+
+def requeue_list(
+    client: Any,
+    keys: Keys,
+    config: Config,
+    identity: str,
+    *,
+    if_dead_for_s: float | None = None,
+    finished: Iterable[bytes] = (),
+    keep: Iterable[bytes] = (),
+    now: float | None = None,
+    stall_gap_s: float | None = None,
+) -> tuple[int, list[bytes]]:
+    """Puts ``identity``'s in-progress jobs back on their queues. Returns
+    (how many, jobs filed in dead raw for the caller to complete), or (-1,
+    []) if ``if_dead_for_s`` is given and the owner is alive. ``finished``
+    jobs are dropped (their ack), ``keep`` ones stay on the list."""
+    list_key = keys.inprogress(identity)
+    listed = client.lrange(list_key, 0, -1)
+    finished, keep = set(finished), set(keep)
+    script_keys = [
+        list_key,
+        keys.process(identity),
+        keys.last_beat,
+        keys.repeat_orphans,
+        keys.dead,
+        keys.beats,
+    ]
+    args: list[Arg] = [
+        identity,
+        "" if if_dead_for_s is None else repr(if_dead_for_s),
+        repr(time.time() if now is None else now),
+        ORPHANINGS_TTL_S,
+        config.max_orphanings,
+        "" if stall_gap_s is None else repr(stall_gap_s),
+        PERIODIC_QUEUED_TTL_S,
+    ]
+    for raw in listed:
+        where = destination(keys, raw)
+        flags = "d" if raw in finished else "k" if raw in keep else ""
+        script_keys.append(where.queue_key)
+        if where.counter_key:
+            flags += "c"
+            script_keys.append(where.counter_key)
+        if where.lock_key:
+            flags += "l"
+            script_keys.append(where.lock_key)
+        args += [raw, flags, where.jid, where.mark_prefix or b""]
+    if if_dead_for_s is None and not listed:
+        return 0, []
+    reply = script("requeue")(client, script_keys, args)
+    return int(reply[0]), list(reply[1:])

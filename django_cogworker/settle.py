@@ -1,0 +1,200 @@
+"""Settling jobs: telling Redis how each job of this process ended.
+
+Duties:
+- apply an outcome: acknowledge a finished job, or file a failed one in
+  retry or dead; when that fails, keep it in the ledger to settle later,
+  never to run again (G6);
+- every beat, settle what is owed and requeue strays: entries of this
+  process's list that no thread runs, judged from the ledger, never from
+  Redis, when seen twice in a row (G7);
+- at shutdown, put back this process's unfinished jobs, drop the finished
+  ones and hand failures that could not be filed to ``N:unsettled`` (G8);
+- file what shutting-down processes handed to ``N:unsettled``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from django_cogworker import execution
+from django_cogworker.execution import Outcome
+from django_cogworker.fetch import FetchContext
+from django_cogworker.fetching import Fetching
+from django_cogworker.ledger import ACK, Ack, Filing, Pending, UnitOfWork
+from django_cogworker.outage import Outage
+from django_cogworker.payload import salvage
+from django_cogworker.requeue import requeue_list, requeue_one
+from django_cogworker.scripts import script
+
+logger = logging.getLogger("django_cogworker")
+
+#: A stray is requeued when seen on two looks in a row at least this far
+#: apart: between a fetch returning and its thread recording the job as
+#: running there are microseconds, but a loaded machine can stall a thread
+#: for longer than a (short, test-sized) heartbeat interval.
+STRAY_MIN_AGE_S = 2.0
+
+
+class Settler:
+    def __init__(self, ctx: FetchContext, fetching: Fetching, outage: Outage) -> None:
+        self.ctx = ctx
+        self.fetching = fetching
+        self.outage = outage
+        self.ledger = ctx.ledger
+        self.inprogress = ctx.keys.inprogress(ctx.identity)
+        # Stray candidates -> when first seen (monotonic clock).
+        self.previous_strays: dict[bytes, float] = {}
+
+    # -- one job -----------------------------------------------------------------
+
+    def settle(self, work: UnitOfWork, outcome: Outcome) -> None:
+        """Tells Redis how the job ended; on failure keeps it owed (G6)."""
+        if self.ledger.was_interrupted(work.raw):
+            return  # filed in retry by the shutdown already
+        how: Pending = ACK
+        if outcome.kind != execution.ACK:
+            k = self.ctx.keys
+            zset = k.retry if outcome.kind == execution.RETRY else k.dead
+            how = Filing(zset, outcome.score, outcome.encoded(), outcome.jid, outcome.kind == execution.DEAD)
+        try:
+            self.apply(work, how)
+        except Exception as exc:
+            if not self.outage.failed(exc):
+                logger.error(
+                    "could not settle jid=%s yet (%s: %s); will retry", outcome.jid, type(exc).__name__, exc
+                )
+            self.ledger.owe(work.raw, how)
+
+    def settle_ack(self, work: UnitOfWork, jid: str) -> None:
+        """Sends an ack that was left for a fetch now."""
+        try:
+            self.fetching.current().ack(work, jid)
+        except Exception as exc:
+            if not self.outage.failed(exc):
+                logger.error("could not acknowledge jid=%s yet (%s); will retry", jid, exc)
+            return
+        self.ledger.settled(work.raw)
+
+    def apply(self, work: UnitOfWork, how: Pending) -> None:
+        fetcher = self.fetching.current()
+        if isinstance(how, Ack):
+            fetcher.ack(work, work.jid)
+        else:
+            fetcher.file(work, how.zset, how.score, how.payload, how.jid, how.trim)
+
+    def give_back(self, work: UnitOfWork) -> None:
+        """A fetched job that will not run here goes back to its queue."""
+        self.ledger.unhold(work)
+        try:
+            self.fetching.current().give_back(work)
+        except Exception:
+            # Still on our list: the shutdown requeue (or a stray check) puts it back.
+            logger.exception("could not give back a fetched job; it stays in progress")
+
+    def settle_owed(self, raw: bytes, how: Pending) -> None:
+        try:
+            self.apply(UnitOfWork("", raw), how)
+        except Exception as exc:
+            if not self.outage.failed(exc):
+                logger.error("still could not settle jid=%s: %s", salvage(raw).get("jid"), exc)
+            return
+        self.ledger.settled(raw)
+
+    # -- every beat (G6, G7) -------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Settles what can be settled now and requeues strays seen twice.
+
+        A stray is an entry of our own list that no thread runs, judged from
+        the ledger, never from ``N:workers`` (a failover can lose that while
+        a long job still runs). The second look, at least STRAY_MIN_AGE_S
+        after the first, rules out a job caught between being fetched and
+        being recorded as running."""
+        if not self.fetching.reliable:
+            return
+        client, ledger = self.ctx.client, self.ledger
+        listed = client.lrange(self.inprogress, 0, -1)
+        running = ledger.running_counter()
+        owed = ledger.owed()
+        strays = []
+        for raw in listed:
+            if running[raw] > 0:
+                running[raw] -= 1
+            elif raw in owed:
+                self.settle_owed(raw, owed[raw])
+            else:
+                strays.append(raw)
+        now = time.monotonic()
+        for raw in strays:
+            first_seen = self.previous_strays.get(raw)
+            if first_seen is None or now - first_seen < STRAY_MIN_AGE_S:
+                continue
+            if ledger.running_counter()[raw] or raw in ledger.owed():
+                continue
+            if requeue_one(client, self.ctx.keys, self.inprogress, raw):
+                logger.warning("requeued stray in-progress job jid=%s", salvage(raw).get("jid"))
+        self.previous_strays = {raw: self.previous_strays.get(raw, now) for raw in strays}
+        # An owed settlement whose job is no longer listed (a recovery took
+        # it, or it was settled) has nothing left to do.
+        listed_set = set(listed)
+        for raw in owed:
+            if raw not in listed_set:
+                ledger.settled(raw)
+
+    # -- shutdown (G8) ---------------------------------------------------------------
+
+    def settle_unfinished(self) -> None:
+        """The shutdown step, after the wait and the interrupts."""
+        if not self.fetching.reliable:
+            return
+        for raw, how in self.ledger.owed().items():
+            self.settle_owed(raw, how)
+        owed = self.ledger.owed()
+        acks = [raw for raw, how in owed.items() if isinstance(how, Ack)]
+        filings = {raw: how for raw, how in owed.items() if isinstance(how, Filing)}
+        ctx = self.ctx
+        try:
+            moved, _ = requeue_list(
+                ctx.client, ctx.keys, ctx.config, ctx.identity, finished=acks, keep=list(filings)
+            )
+            if moved:
+                logger.warning("requeued %d unfinished job(s) at shutdown", moved)
+        except Exception as exc:
+            logger.error("could not requeue unfinished jobs at shutdown (%s); recovery will find them", exc)
+            return
+        self.park_unsettled(filings)
+
+    def park_unsettled(self, filings: dict[bytes, Filing]) -> None:
+        for raw, how in filings.items():
+            record = json.dumps(
+                {"set": how.zset, "score": how.score, "payload": how.payload.decode("utf-8", "replace")}
+            )
+            keys = [self.inprogress, self.ctx.keys.unsettled]
+            try:
+                script("park_unsettled")(self.ctx.client, keys, [raw, record])
+            except Exception as exc:
+                logger.error("could not hand over unsettled jid=%s: %s", salvage(raw).get("jid"), exc)
+
+
+def file_unsettled(ctx: FetchContext) -> int:
+    """Files what shutting-down processes handed over, head first,
+    stopping at the first that cannot be filed (tried again next pass)."""
+    client, k = ctx.client, ctx.keys
+    filed = 0
+    allowed = {k.retry, k.dead, k.schedule}
+    for record in client.lrange(k.unsettled, 0, -1):
+        try:
+            entry = json.loads(record)
+            zset, score, payload = entry["set"], float(entry["score"]), entry["payload"]
+            if zset not in allowed:
+                raise ValueError(f"unknown set {zset!r}")
+        except Exception:
+            logger.error("dropping an unreadable unsettled record: %r", record[:200])
+            client.lrem(k.unsettled, 1, record)
+            continue
+        if script("file_unsettled")(client, [k.unsettled, zset], [record, repr(score), payload]) != 1:
+            break
+        filed += 1
+    return filed

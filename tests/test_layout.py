@@ -1,0 +1,102 @@
+"""The shape of the package, checked: the worker's roles do not import each
+other in a circle, no module grows past what reads in one sitting, and no
+Lua script builds a key name (every key it touches comes in ``KEYS``, so
+the scripts stay Redis-Cluster-safe and a proxy that checks declared keys
+accepts them)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_cogworker"
+
+#: The worker roles that must form no import cycle, even through TYPE_CHECKING.
+ROLES = ("fetch", "fetching", "manager", "processor", "settle", "ledger")
+
+#: A module longer than this no longer reads in one sitting.
+MAX_MODULE_LINES = 360
+
+
+def imported_roles(module: str) -> set[str]:
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):  # TYPE_CHECKING blocks included
+        if isinstance(node, ast.ImportFrom) and node.module:
+            name = node.module.removeprefix("django_cogworker.")
+            if name in ROLES:
+                found.add(name)
+            if node.module == "django_cogworker":
+                found |= {alias.name for alias in node.names if alias.name in ROLES}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("django_cogworker.") for a in node.names} & set(ROLES)
+    return found - {module}
+
+
+def test_the_worker_roles_import_each_other_without_a_cycle():
+    graph = {role: imported_roles(role) for role in ROLES}
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(role: str) -> None:
+        assert role not in visiting, f"import cycle: {' -> '.join([*visiting, role])}"
+        if role in done:
+            return
+        visiting.append(role)
+        for other in sorted(graph[role]):
+            visit(other)
+        visiting.pop()
+        done.add(role)
+
+    for role in ROLES:
+        visit(role)
+    assert "manager" not in set().union(*graph.values()), "only the launcher imports the manager"
+
+
+def test_only_the_launcher_imports_the_manager():
+    importers = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if re.search(
+            r"^\s*(from django_cogworker\.manager import|from django_cogworker import manager)",
+            path.read_text(),
+            re.M,
+        )
+    ]
+    assert importers == ["launcher.py"]
+
+
+def test_no_module_is_longer_than_one_sitting():
+    long = {
+        path.relative_to(PACKAGE).as_posix(): n
+        for path in PACKAGE.rglob("*.py")
+        if "migrations" not in path.parts and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+CALL = re.compile(r"redis\.p?call\(\s*\"(\w+)\"\s*(?:,\s*([^,)]+))?")
+KEYLESS = {"TIME", "INFO", "PING"}
+
+
+def test_every_key_a_script_touches_comes_in_keys():
+    offenders = []
+    for path in sorted((PACKAGE / "lua").rglob("*.lua")):
+        lines = [line.split("--", 1)[0] for line in path.read_text().splitlines()]
+        names = set()  # the names used as keys: locals and parameters
+        for number, code in enumerate(lines, 1):
+            for command, key in CALL.findall(code):
+                key = key.strip()
+                if command in KEYLESS:
+                    continue
+                if re.fullmatch(r"[a-z_]+", key):
+                    names.add(key)
+                elif not re.fullmatch(r"KEYS\[[^\]]+\]", key):
+                    offenders.append(f"{path.name}:{number}: {code.strip()}")
+        for number, code in enumerate(lines, 1):
+            # A name used as a key must not be made up by concatenation.
+            assigned = re.match(r"\s*(?:local\s+)?([a-z_]+)\s*=[^=].*\.\.", code)
+            if assigned and assigned[1] in names:
+                offenders.append(f"{path.name}:{number}: builds a key: {code.strip()}")
+    assert offenders == []

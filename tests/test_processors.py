@@ -1,0 +1,39 @@
+"""A processor thread that dies of an error of ours (never of a job's own
+exception, G14) is replaced and counted, and the job it held comes back."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django_cogworker.ledger import Ledger
+from testproject.testapp import jobs
+from tests.conftest import wait_for
+from tests.test_guarantees import keys, leftovers, runs
+
+
+def test_a_processor_that_dies_is_replaced_counted_and_its_job_runs(cog, in_process, monkeypatch):
+    original = Ledger.started
+    crashed: list[bytes] = []
+
+    def started(ledger: Ledger, index: int, work: Any) -> None:
+        if not crashed:
+            crashed.append(work.raw)
+            raise RuntimeError("a bug of ours, between fetching a job and starting it")
+        original(ledger, index, work)
+
+    monkeypatch.setattr(Ledger, "started", started)
+    first, second = str(jobs.record.delay("first")), str(jobs.record.delay("second"))
+    worker = in_process(concurrency=1)
+    # The replacement runs the second job; the first, held by the dead
+    # thread, is a stray on the list, requeued on the second look.
+    wait_for(lambda: runs(cog)[second], 10, "the replacement thread to run a job")
+    wait_for(lambda: runs(cog)[first], 15, "the held job to come back as a stray and run")
+    assert worker.manager.crashes == 1
+    identity = worker.identity
+    wait_for(
+        lambda: cog.redis.hget(keys().process(identity), "processor_crashes") == b"1", 5, "the beat to say so"
+    )
+    worker.stop()
+    assert runs(cog) == Counter({first: 1, second: 1})
+    assert leftovers(cog) == {}
