@@ -26,10 +26,12 @@ UNIQUE = jobs.record.set(unique_for=30)
 def locks_held(cog: Any) -> dict[str, str]:
     """Every unique lock of the test's namespace: digest -> owner jid."""
     prefix = cog.key("unique:")
-    return {
-        key.decode().removeprefix(prefix): cog.redis.get(key).decode()
-        for key in cog.redis.scan_iter(match=prefix + "*", count=1000)
-    }
+    found = {}
+    for key in cog.redis.scan_iter(match=prefix + "*", count=1000):
+        owner = cog.redis.get(key)  # None: released between the scan and the read
+        if owner is not None:
+            found[key.decode().removeprefix(prefix)] = owner.decode()
+    return found
 
 
 def queued(cog: Any, queue: str = "default") -> list[dict[str, Any]]:
