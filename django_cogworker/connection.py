@@ -1,5 +1,6 @@
-"""The Redis connection: from ``REDIS_URL``, a django-redis cache alias, or
-the embedded server.
+"""The Redis connection: from ``REDIS_URL`` (one server, Sentinel, or a
+Redis Cluster: :mod:`django_cogworker.redis_url`), a django-redis cache
+alias, or the embedded server.
 
 One client per process (redis-py's pool is thread-safe and re-made after a
 fork); a ``redis.asyncio`` client per call for async callers
@@ -13,16 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
 
+from django_cogworker import redis_url
 from django_cogworker.conf import Config, get_config
 from django_cogworker.errors import ConfigurationError
 from django_cogworker.keys import Keys, keys
+
+logger = logging.getLogger("django_cogworker")
 
 #: redis-py's annotations describe a client that decodes responses to str;
 #: ours returns bytes, so the client is typed loosely rather than wrongly.
@@ -78,12 +88,135 @@ def build(config: Config, *, async_client: bool = False) -> Client:
         return _from_cache(config.cache_alias)
     options: dict[str, Any] = {"health_check_interval": HEALTH_CHECK_INTERVAL_S, **config.redis_options}
     options["decode_responses"] = False
+    try:
+        target = redis_url.parse(config.redis_url)
+    except ValueError as exc:
+        raise ConfigurationError(f"COGWORKER['REDIS_URL']: {exc}") from None
+    if target.kind == redis_url.SENTINEL:
+        return _sentinel_master(target, options, config.sentinel_options, async_client)
+    if target.kind == redis_url.CLUSTER:
+        return _cluster(target, options, async_client)
     cls = redis.asyncio.Redis if async_client else redis.Redis
-    if config.redis_url == "embedded":
+    if target.kind == redis_url.EMBEDDED:
         from django_cogworker import embedded
 
         return cls(unix_socket_path=embedded.ensure_running(config.embedded_dir), **options)
     return cls.from_url(config.redis_url, **options)
+
+
+#: Timeouts of the connections to the sentinels when SENTINEL_OPTIONS sets
+#: none: a sentinel that does not answer must not hold up the discovery of
+#: the master through the others.
+SENTINEL_SOCKET_TIMEOUT_S = 2.0
+
+
+def _credentials(target: redis_url.Target) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    if target.username:
+        found["username"] = target.username
+    if target.password is not None:
+        found["password"] = target.password
+    if target.tls:
+        found["ssl"] = True
+    return found
+
+
+def _sentinel_master(
+    target: redis_url.Target, options: dict[str, Any], sentinel_options: dict[str, Any], async_client: bool
+) -> Client:
+    """The master of ``target.service``, found through the sentinels. redis-py's
+    Sentinel pool asks the sentinels again after a connection error and
+    turns a READONLY reply of a demoted master into one, so a failover is
+    an outage of a few seconds for every caller, not a wrong answer."""
+    sentinel_kwargs = {
+        "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+        **{k: v for k, v in options.items() if k.startswith("socket_")},
+        **sentinel_options,
+    }
+    module = redis.asyncio.sentinel if async_client else redis.sentinel
+    cls = redis.asyncio.Redis if async_client else redis.Redis
+    sentinel = module.Sentinel(
+        list(target.hosts),
+        sentinel_kwargs=sentinel_kwargs,
+        **{**options, **_credentials(target), "db": target.db},
+    )
+    return sentinel.master_for(target.service, redis_class=cls)
+
+
+def _cluster(target: redis_url.Target, options: dict[str, Any], async_client: bool) -> Client:
+    if async_client:
+        nodes: list[Any] = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.hosts]
+        return redis.asyncio.RedisCluster(startup_nodes=nodes, **options, **_credentials(target))
+    return redis.RedisCluster(
+        startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.hosts],
+        **options,
+        **_credentials(target),
+    )
+
+
+def describe(config: Config) -> str:
+    """Where ``config`` reaches Redis, for log lines: the URL with its
+    password masked, or the cache alias."""
+    if config.cache_alias:
+        return f"cache alias {config.cache_alias!r}"
+    return redis_url.masked(config.redis_url)
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (sync or asyncio)."""
+    return isinstance(client, redis.RedisCluster | redis.asyncio.RedisCluster)
+
+
+#: How often a Sentinel client asks the sentinels who the master is, at most
+#: (from the heartbeat, and before an enqueue).
+MASTER_CHECK_INTERVAL_S = 1.0
+
+_masters: dict[int, tuple[Any, float]] = {}  # id(pool) -> (address, monotonic time asked)
+_masters_lock = threading.Lock()
+
+
+def follow_master(client: Client) -> None:
+    """For a Sentinel client: asks the sentinels who the master is (once a
+    second at most) and, when that changed, drops every pooled connection,
+    in use or not, so that the next command goes to the new master.
+
+    Without this the client would stay on a demoted master as long as it
+    answers: after a planned failover (``SENTINEL FAILOVER``) the old master
+    keeps taking writes for several seconds before the sentinels turn it
+    into a replica, and the writes it took then are lost with its data."""
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        return
+    now = time.monotonic()
+    with _masters_lock:
+        known = _masters.get(id(pool))
+        if known is not None and now - known[1] < MASTER_CHECK_INTERVAL_S:
+            return
+        _masters[id(pool)] = (known[0] if known else None, now)
+    found = pool.get_master_address()  # raises MasterNotFoundError (an outage) when none is known
+    with _masters_lock:
+        _masters[id(pool)] = (found, now)
+    if known is not None and known[0] is not None and found != known[0]:
+        pool.disconnect()
+        logger.warning(
+            "Sentinel: the master of %r is now %s:%s (was %s:%s); reconnected",
+            pool.service_name,
+            *found,
+            *known[0],
+        )
+
+
+def forget_demoted_master(exc: BaseException) -> None:
+    """After a READONLY reply (the server behind a plain URL became a
+    replica: a failover behind a DNS name or a managed endpoint), drops
+    the process client's pooled connections, so the next ones resolve the
+    address again and reach the new master instead of asking the replica
+    forever. Sentinel and Cluster clients find the master themselves."""
+    client = _client
+    if isinstance(exc, redis.ReadOnlyError) and client is not None and not is_cluster(client):
+        with contextlib.suppress(Exception):
+            client.connection_pool.disconnect()
 
 
 @contextlib.asynccontextmanager
@@ -107,6 +240,11 @@ def _from_cache(alias: str) -> Client:
     from django_redis import get_redis_connection
 
     client = get_redis_connection(alias)
+    if is_cluster(client):
+        raise ConfigurationError(
+            f"COGWORKER['CACHE_ALIAS'] = {alias!r} is a Redis Cluster client; cogworker does not take one "
+            "from a cache. Set COGWORKER['REDIS_URL'] = 'redis+cluster://host:port,...' instead."
+        )
     # django-redis clients normally keep bytes already; a decoding client
     # would corrupt payloads that are not UTF-8.
     kwargs = client.connection_pool.connection_kwargs

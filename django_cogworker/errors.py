@@ -11,6 +11,7 @@ attached as ``__cause__``.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import redis
@@ -36,7 +37,18 @@ class RedisRefused(CogworkerError):
 
 
 class EnqueueRefused(RedisRefused):
-    """Redis answered but refused to store a job (out of memory, read-only, ...)."""
+    """Redis answered but refused to store a job (out of memory, a key of the wrong type, ...)."""
+
+
+class EnqueueNotReplicated(CogworkerError):
+    """``ENQUEUE_WAIT_REPLICAS``: the job was pushed on the master, but fewer
+    replicas than asked confirmed it within ``ENQUEUE_WAIT_TIMEOUT``; a
+    failover now could lose it. The caller decides whether to push again
+    (a second push may run the job twice). ``jids`` names the jobs."""
+
+    def __init__(self, message: str, jids: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.jids = list(jids or [])
 
 
 class UnsupportedServer(CogworkerError):
@@ -55,17 +67,66 @@ class ProcessDied(CogworkerError):
     """Filed in dead for a job whose process died under it too many times."""
 
 
+#: Replies that mean "this is not (or no longer) the master that can take
+#: the command": a failover or a cluster resharding under way. They are an
+#: outage, like a refused connection, not a failing command.
+NOT_THE_MASTER: tuple[type[BaseException], ...] = (
+    redis.ReadOnlyError,
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # MOVED, ASK: left after redis-py followed the redirections it could
+    redis.exceptions.SlotNotCoveredError,  # no node serves the slot (yet)
+)
+#: The same, from the first word of a reply redis-py has no class for.
+NOT_THE_MASTER_CODES = (
+    "NOREPLICAS",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "READONLY",
+    "LOADING",
+    "UNBLOCKED",  # a blocking command cut short: "instance state changed (master -> replica?)"
+)
+
+
+#: What redis-py's RedisClusterException says when the cluster cannot be reached.
+_CLUSTER_UNREACHABLE = ("cannot be connected", "could not agree on a valid slots", "slots are not covered")
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis cannot take commands right now: it cannot
+    be reached, it timed out, or the node answered that it is not the master
+    (READONLY, MASTERDOWN, NOREPLICAS, CLUSTERDOWN, TRYAGAIN, a redirection
+    left over, no node for the slot). Retried with backoff, never a job
+    failure nor a broken queue."""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, *NOT_THE_MASTER)):
+        return True
+    if isinstance(exc, redis.exceptions.RedisClusterException):
+        # Not a RedisError: redis-py's cluster client raises it when no
+        # node answers too; a command it cannot route stays an error.
+        return any(words in str(exc) for words in _CLUSTER_UNREACHABLE)
+    return isinstance(exc, redis.ResponseError) and _NOT_THE_MASTER_REPLY.search(str(exc)) is not None
+
+
+#: The code opens the reply; from inside a script, Redis 6.2 puts it after
+#: the script's name and line ("@user_script: 25: -READONLY You can't...").
+_NOT_THE_MASTER_REPLY = re.compile(r"(?:^|[\s-])(?:" + "|".join(NOT_THE_MASTER_CODES) + r")\b")
+
+
 def translate(
-    exc: redis.RedisError, doing: str, *, refused: type[RedisRefused] = RedisRefused
+    exc: BaseException, doing: str, *, refused: type[RedisRefused] = RedisRefused
 ) -> CogworkerError:
     """Our error for a redis-py error met while trying to ``doing`` ("enqueue",
-    "read the dead set"): :class:`RedisUnavailable` for a connection error or
-    a timeout, ``refused`` (by default :class:`RedisRefused`) for any other
+    "read the dead set"): :class:`RedisUnavailable` when Redis cannot take
+    commands now (:func:`is_unavailable`: unreachable, or a failover under
+    way), ``refused`` (by default :class:`RedisRefused`) for any other
     answer Redis gave. The message keeps redis-py's text, which names the
     host and port (or socket path) and never the password. Raise it with
     ``raise translate(exc, doing) from exc``."""
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-        return RedisUnavailable(f"could not {doing}: Redis is unreachable ({exc})")
+    if is_unavailable(exc):
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            return RedisUnavailable(f"could not {doing}: Redis is unreachable ({exc})")
+        return RedisUnavailable(f"could not {doing}: Redis has no master to take it now ({exc})")
     return refused(f"could not {doing}: Redis refused it ({exc})")
 
 
@@ -84,5 +145,9 @@ def redis_boundary(doing: str, *, refused: type[RedisRefused] = RedisRefused) ->
     creation, not the iteration."""
     try:
         yield
-    except redis.RedisError as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        if isinstance(exc, redis.ReadOnlyError):
+            from django_cogworker.connection import forget_demoted_master
+
+            forget_demoted_master(exc)
         raise translate(exc, doing, refused=refused) from exc

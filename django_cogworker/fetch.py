@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.errors import UnsupportedServer
+from django_cogworker.errors import UnsupportedServer, is_unavailable
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
 from django_cogworker.requeue import requeue_one
@@ -251,6 +251,8 @@ class ReliableFetch(Fetcher):
             self.ctx.ledger.shrink(slots, 1)
             raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
         except redis.ResponseError as exc:
+            if is_unavailable(exc):  # READONLY, MASTERDOWN...: an outage, not a broken queue
+                raise
             if is_unknown_command(exc):
                 raise UnsupportedServer(str(exc)) from exc
             if "WRONGTYPE" in str(exc):

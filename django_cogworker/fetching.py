@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 
+from django_cogworker.connection import is_cluster
+from django_cogworker.errors import is_unavailable
 from django_cogworker.fetch import STRATEGIES, BasicFetch, FetchContext, Fetcher
 
 logger = logging.getLogger("django_cogworker")
@@ -29,9 +31,11 @@ def reliable_supported(client: Any) -> bool:
     try:
         version = client.info("server").get("redis_version", "")
         parts = tuple(int(p) for p in str(version).split(".")[:2])
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise
-    except (redis.RedisError, ValueError):
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        if is_unavailable(exc):
+            raise
+        parts = MIN_REDIS_VERSION  # INFO restricted: assume current; runtime errors still catch it
+    except ValueError:
         parts = MIN_REDIS_VERSION  # INFO restricted: assume current; runtime errors still catch it
     if parts < MIN_REDIS_VERSION:
         return False
@@ -39,10 +43,13 @@ def reliable_supported(client: Any) -> bool:
         # One argument "COMMAND INFO", not two: redis-py parses the reply of
         # "COMMAND" and fails (TypeError) on the nil entry a renamed or
         # disabled command gets, so the check would never get an answer.
-        found = client.execute_command("COMMAND INFO", "BLMOVE", "LPOS")
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise
-    except redis.RedisError:
+        # On a cluster: any node answers for all (a command without keys
+        # has no slot to route by).
+        route = {"target_nodes": client.get_default_node()} if is_cluster(client) else {}
+        found = client.execute_command("COMMAND INFO", "BLMOVE", "LPOS", **route)
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        if is_unavailable(exc):
+            raise
         return True
     return all(entry for entry in found)
 

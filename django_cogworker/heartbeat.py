@@ -20,6 +20,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from django_cogworker.connection import follow_master
 from django_cogworker.payload import summary
 from django_cogworker.scripts import script
 from django_cogworker.stats import DAILY_STATS_TTL_S, stat_keys, today
@@ -140,6 +141,7 @@ class Heartbeat:
         failing = False
         while not self.launcher.done.wait(interval):
             try:
+                follow_master(self.manager.client)
                 signals = self.beat()
             except Exception as exc:
                 if not outage.failed(exc) and not failing:

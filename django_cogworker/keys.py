@@ -38,6 +38,7 @@ class Keys:
         self.periodic_slot_prefix = f"{n}:periodic:slot:"
         self.periodic_last = f"{n}:periodic:last"
         self.results_prefix = f"{n}:result:"
+        self.replicated = f"{n}:replicated"
 
     def queue(self, name: str) -> str:
         return self.queue_prefix + name

@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django_cogworker import middleware, stats, threads
+from django_cogworker import connection, middleware, stats, threads
 from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.heartbeat import Heartbeat
 from django_cogworker.manager import Manager
@@ -91,11 +91,12 @@ class Launcher:
         # even SIGKILLed, instead of working on beside its successor (G20).
         watch_supervisor(lambda: self.signals.put("stop"), self.thread_crashed)
         logger.info(
-            "cogworker %s starting: queues %s, concurrency %d, fetch %s",
+            "cogworker %s starting: queues %s, concurrency %d, fetch %s, redis %s",
             self.identity,
             ",".join(q.name for q in self.manager.queues),
             self.manager.concurrency,
             self.manager.fetch_mode,  # --fetch may override the setting
+            connection.describe(self.config),  # never the password
         )
         # Built before the first fetch: a middleware path that cannot be
         # imported stops the process here instead of failing every job.
@@ -166,7 +167,8 @@ class Launcher:
             processed, failed = m.ledger.take_counts()
             stats.count(m.client, k, processed=processed, failed=failed)
             pipe = m.client.pipeline(transaction=False)
-            pipe.delete(k.process(m.identity), k.workers(m.identity), k.signals(m.identity))
+            for key in (k.process(m.identity), k.workers(m.identity), k.signals(m.identity)):
+                pipe.delete(key)  # one key per DEL: a cluster pipeline takes no other
             pipe.srem(k.processes, m.identity)
             pipe.execute()
             # Keep the registration while anything is left on the list (a

@@ -16,6 +16,9 @@ import time
 
 import redis
 
+from django_cogworker.connection import forget_demoted_master
+from django_cogworker.errors import is_unavailable
+
 logger = logging.getLogger("django_cogworker")
 
 #: An outage ends at the first success this long after the last failure:
@@ -23,12 +26,14 @@ logger = logging.getLogger("django_cogworker")
 #: another's success must not end it and start it again at every pass.
 SETTLE_S = 1.0
 
-#: What counts as "Redis cannot be reached" rather than as a failing command.
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError)
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 def is_outage(exc: BaseException) -> bool:
-    return isinstance(exc, OUTAGE_ERRORS)
+    """Whether ``exc`` is Redis unable to take commands (unreachable, or no
+    master during a failover: :func:`django_cogworker.errors.is_unavailable`)
+    rather than a failing command."""
+    return is_unavailable(exc)
 
 
 class Outage:
@@ -47,6 +52,7 @@ class Outage:
         to log."""
         if not is_outage(exc):
             return False
+        forget_demoted_master(exc)
         with self._lock:
             self._last_failure = time.monotonic()
             first = self._since is None
@@ -54,7 +60,8 @@ class Outage:
                 self._since = self._last_failure
         if first:
             logger.error(
-                "Redis unreachable (%s: %s); retrying with backoff, this process logs again when it is back",
+                "Redis %s (%s: %s); retrying with backoff, this process logs again when it is back",
+                "unreachable" if isinstance(exc, UNREACHABLE) else "has no master",
                 type(exc).__name__,
                 exc,
             )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from django_cogworker import execution
 from django_cogworker.conf import Config
+from django_cogworker.connection import follow_master
 from django_cogworker.errors import BadPayload, UnsupportedServer
 from django_cogworker.fetching import Fetching
 from django_cogworker.ledger import ACK, Ledger, UnitOfWork
@@ -72,6 +73,7 @@ class Processor:
         while not crew.quiet.is_set():
             self.current = None
             try:
+                follow_master(crew.fetching.ctx.client)  # a Sentinel master that changed: one look a second
                 work = crew.fetching.current().retrieve(done)
             except UnsupportedServer as exc:
                 crew.fetching.fall_back(str(exc))

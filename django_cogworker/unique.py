@@ -28,11 +28,9 @@ import logging
 import math
 import time
 
-import redis
-
 from django_cogworker import locks
 from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.errors import RedisUnavailable
+from django_cogworker.errors import EnqueueRefused, redis_boundary
 from django_cogworker.middleware import ClientMiddleware, Result, ServerMiddleware
 from django_cogworker.payload import Payload
 
@@ -74,10 +72,8 @@ class UniqueClientMiddleware(ClientMiddleware):
             return payload
         d = digest(payload)
         ttl_ms = lock_ttl_ms(unique_for, at, time.time())
-        try:
+        with redis_boundary("enqueue", refused=EnqueueRefused):
             taken = get_redis().set(get_keys().unique(d), str(payload["jid"]), nx=True, px=ttl_ms)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise RedisUnavailable(f"could not enqueue: Redis is unreachable ({exc})") from exc
         if not taken:
             logger.info("%s not enqueued: an identical unique job is queued or running", payload.get("job"))
             return None

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 import redis
+import redis.cluster
+import redis.sentinel
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
@@ -221,6 +223,31 @@ class Worker:
         return self.proc.poll() is None
 
 
+def client_for(url: str) -> Any:
+    """A test's own client for any REDIS_URL form: a RedisCluster for
+    redis+cluster://, the master found through the sentinels for
+    redis+sentinel:// (it follows a failover), else redis-py's from_url."""
+    from django_cogworker import redis_url
+
+    target = redis_url.parse(url)
+    if target.kind == redis_url.CLUSTER:
+        return redis.RedisCluster(
+            startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.hosts], socket_timeout=5
+        )
+    if target.kind == redis_url.SENTINEL:
+        sentinel = redis.sentinel.Sentinel(
+            list(target.hosts), socket_timeout=5, sentinel_kwargs={"socket_timeout": 2}
+        )
+        return sentinel.master_for(target.service, db=target.db)
+    return redis.Redis.from_url(url)
+
+
+def namespace_for(url: str) -> str:
+    """A fresh namespace per test; hash-tagged on a cluster (SPEC section 11)."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    return "{" + name + "}" if "+cluster://" in url else name
+
+
 class CogEnv:
     """One test's namespace, its settings, and the workers it starts."""
 
@@ -229,7 +256,7 @@ class CogEnv:
         self.namespace = namespace
         self.tmp = tmp
         self.settings = settings
-        self.redis = redis.Redis.from_url(url)
+        self.redis = client_for(url)
         self.workers: list[Worker] = []
         self.overrides: dict[str, Any] = {**FAST, "NAMESPACE": namespace}
         self.apply()
@@ -291,7 +318,7 @@ class CogEnv:
 
 @pytest.fixture
 def cog(redis_url: str, settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CogEnv]:
-    env = CogEnv(redis_url, f"t{uuid.uuid4().hex[:12]}", settings, tmp_path)
+    env = CogEnv(redis_url, namespace_for(redis_url), settings, tmp_path)
     yield env
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:

@@ -187,14 +187,97 @@ def test_interval_relations_are_not_judged_when_a_value_is_not_a_number():
 
 @pytest.mark.parametrize("url", ["http://localhost:6379", "localhost:6379", "tcp://localhost:6379", 6379])
 def test_e008_redis_url_scheme(url):
-    assert run({"REDIS_URL": url}) == [
-        error(
-            "COGWORKER['REDIS_URL'] must be a redis://, rediss:// or unix:// URL or "
-            f"'embedded', got {url!r}.",
-            "For example 'redis://localhost:6379/0'.",
-            "cogworker.E008",
-        )
-    ]
+    errors = run({"REDIS_URL": url})
+    assert [e.id for e in errors] == ["cogworker.E008"]
+    assert "redis+sentinel://" in errors[0].msg + errors[0].hint and "redis+cluster://" in errors[0].hint
+    assert "redis+sentinel://sentinel-1:26379" in errors[0].hint
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://s1:26379,s2:26379", "names no service"),
+        ("redis+sentinel://s1/mymaster/x", "'x' is not a database number"),
+        ("redis+cluster://n1:7000,n2:7001/3", "only database 0"),
+        ("redis+cluster://n1:7000?socket_timeout=1", "takes no query"),
+        ("redis+sentinel://n1:notaport/mymaster", "is not host[:port]"),
+    ],
+)
+def test_e008_sentinel_and_cluster_url_shapes(url, says):
+    errors = run({"REDIS_URL": url})
+    assert [e.id for e in errors] == ["cogworker.E008"]
+    assert says in errors[0].msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://:s3cret-pw@localhost:6379",
+        "redis+sentinel://:s3cret-pw@s1:26379",
+        "redis+cluster://user:s3cret-pw@n1/2",
+        "redis+cluster://n1?password=s3cret-pw",
+    ],
+)
+def test_e008_never_shows_the_password(url):
+    errors = run({"REDIS_URL": url})
+    assert [e.id for e in errors] == ["cogworker.E008"]
+    assert "s3cret-pw" not in errors[0].msg + errors[0].hint
+    assert "***" in errors[0].msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://localhost:6379/0",
+        "rediss://:pw@localhost:6380/1",
+        "unix:///tmp/redis.sock?db=2",
+        "redis+sentinel://s1,s2:26380,[::1]:26381/mymaster",
+        "rediss+sentinel://user:pw@s1:26379/mymaster/3",
+        "redis+cluster://n1:7000,n2:7001",
+        "rediss+cluster://:pw@n1:7000/0",
+    ],
+)
+def test_every_documented_url_form_is_accepted(url):
+    assert run({"REDIS_URL": url}) == []
+
+
+def test_e024_a_cluster_namespace_needs_a_hash_tag():
+    errors = run({"REDIS_URL": "redis+cluster://n1:7000", "NAMESPACE": "jobs"})
+    assert [e.id for e in errors] == ["cogworker.E024"]
+    assert "'{jobs}'" in errors[0].hint
+    for tagged in ("{jobs}", "app:{jobs}", "{j}obs"):
+        assert run({"REDIS_URL": "redis+cluster://n1:7000", "NAMESPACE": tagged}) == []
+    for untagged in ("{}jobs", "jobs{", "}jobs{"):
+        assert [e.id for e in run({"REDIS_URL": "redis+cluster://n1:7000", "NAMESPACE": untagged})] == [
+            "cogworker.E024"
+        ]
+
+
+def test_a_cluster_url_defaults_to_a_hash_tagged_namespace(settings):
+    from django_cogworker.conf import get_config
+
+    settings.COGWORKER = {"REDIS_URL": "redis+cluster://n1:7000"}
+    assert get_config().namespace == "{cogworker}"
+    assert run({"REDIS_URL": "redis+cluster://n1:7000"}) == []
+    settings.COGWORKER = {"REDIS_URL": "redis+sentinel://s1/mymaster"}
+    assert get_config().namespace == "cogworker"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "check_id"),
+    [
+        ("SENTINEL_OPTIONS", "password=x", "cogworker.E025"),
+        ("ENQUEUE_WAIT_REPLICAS", -1, "cogworker.E005"),
+        ("ENQUEUE_WAIT_REPLICAS", True, "cogworker.E005"),
+        ("ENQUEUE_WAIT_REPLICAS", 1.5, "cogworker.E005"),
+        ("ENQUEUE_WAIT_TIMEOUT", 0, "cogworker.E003"),
+        ("ENQUEUE_WAIT_TIMEOUT", "1", "cogworker.E003"),
+    ],
+)
+def test_sentinel_options_and_confirmed_enqueue_settings(key, value, check_id):
+    errors = run({key: value})
+    assert [e.id for e in errors] == [check_id]
+    assert key in errors[0].msg
 
 
 def test_e009_embedded_needs_the_extra(monkeypatch):
@@ -235,7 +318,7 @@ def test_e011_redis_options_must_be_a_dict():
     ]
 
 
-@pytest.mark.parametrize("namespace", ["", "my jobs", "tab\tbed", None, 7])
+@pytest.mark.parametrize("namespace", ["", "my jobs", "tab\tbed", 7])
 def test_e012_namespace(namespace):
     assert run({"NAMESPACE": namespace}) == [
         error(
@@ -445,3 +528,18 @@ def test_the_check_is_registered_with_django():
     with override_settings(COGWORKER={"FETCH": "x"}):
         found = django_checks.run_checks(tags=["cogworker"])
     assert [e.id for e in found] == ["cogworker.E015"]
+
+
+def test_e026_the_wait_for_replicas_must_end_before_the_socket_timeout():
+    errors = run(
+        {"ENQUEUE_WAIT_REPLICAS": 1, "ENQUEUE_WAIT_TIMEOUT": 2, "REDIS_OPTIONS": {"socket_timeout": 2}}
+    )
+    assert [e.id for e in errors] == ["cogworker.E026"]
+    assert (
+        run({"ENQUEUE_WAIT_REPLICAS": 1, "ENQUEUE_WAIT_TIMEOUT": 1, "REDIS_OPTIONS": {"socket_timeout": 2}})
+        == []
+    )
+    assert (
+        run({"ENQUEUE_WAIT_REPLICAS": 0, "ENQUEUE_WAIT_TIMEOUT": 5, "REDIS_OPTIONS": {"socket_timeout": 2}})
+        == []
+    )

@@ -49,3 +49,76 @@ def test_cache_alias_whose_client_decodes_responses_is_refused(cog):
                 get_redis()
         finally:
             reset()
+
+
+def test_a_sentinel_url_builds_a_sentinel_client_with_the_data_nodes_password_and_sentinel_options(settings):
+    """Built, not connected (the sentinels are asked at the first command):
+    the URL's password and database are the data nodes', SENTINEL_OPTIONS
+    go to the sentinels only, ``rediss+`` means TLS to the data nodes."""
+    import redis.asyncio.sentinel
+    import redis.sentinel
+
+    from django_cogworker.conf import get_config
+    from django_cogworker.connection import build
+
+    settings.COGWORKER = {
+        "REDIS_URL": "rediss+sentinel://app:data-pw@127.0.0.1:26001,127.0.0.1:26002/orders/3",
+        "SENTINEL_OPTIONS": {"password": "sentinel-pw", "socket_timeout": 0.5},
+        "REDIS_OPTIONS": {"socket_keepalive": True},
+    }
+    for async_client, module in ((False, redis.sentinel), (True, redis.asyncio.sentinel)):
+        client = build(get_config(), async_client=async_client)
+        pool = client.connection_pool
+        assert isinstance(pool, module.SentinelConnectionPool) and pool.service_name == "orders"
+        data = pool.connection_kwargs
+        assert (data["username"], data["password"], data["db"]) == ("app", "data-pw", 3)
+        assert data["socket_keepalive"] is True and data["decode_responses"] is False
+        assert pool.connection_class is module.SentinelManagedSSLConnection
+        sentinels = pool.sentinel_manager.sentinels
+        assert [
+            (s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+            for s in sentinels
+        ] == [("127.0.0.1", 26001), ("127.0.0.1", 26002)]
+        kwargs = sentinels[0].connection_pool.connection_kwargs
+        assert (kwargs["password"], kwargs["socket_timeout"]) == ("sentinel-pw", 0.5)
+        assert "ssl" not in kwargs and kwargs.get("username") is None
+
+
+def test_a_cluster_url_passes_its_startup_nodes_credentials_and_tls(settings, monkeypatch):
+    """What RedisCluster is given (it connects at once, so the real cluster
+    tests are in test_cluster.py; this one checks the arguments of TLS and
+    a password, which the test cluster does not use)."""
+    import redis
+
+    from django_cogworker.conf import get_config
+    from django_cogworker.connection import build
+
+    given: dict[str, object] = {}
+
+    class Recorder:
+        def __init__(self, **kwargs: object) -> None:
+            given.update(kwargs)
+
+    monkeypatch.setattr(redis, "RedisCluster", Recorder)
+    settings.COGWORKER = {"REDIS_URL": "rediss+cluster://:node-pw@10.0.0.1:7000,10.0.0.2"}
+    build(get_config())
+    nodes = given.pop("startup_nodes")
+    assert [(n.host, n.port) for n in nodes] == [("10.0.0.1", 7000), ("10.0.0.2", 6379)]  # type: ignore[attr-defined]
+    assert given["password"] == "node-pw" and given["ssl"] is True and given["decode_responses"] is False
+    assert get_config().namespace == "{cogworker}"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis+sentinel://127.0.0.1:1/mymaster", "redis+cluster://127.0.0.1:1"],
+)
+def test_a_sentinel_or_cluster_url_with_nothing_behind_it_is_redis_unavailable_at_delay(cog, url):
+    """No sentinel, no cluster node answers: .delay() raises RedisUnavailable
+    (a CogworkerError) naming no password, like a plain URL."""
+    from django_cogworker.errors import RedisUnavailable
+
+    cog.configure(REDIS_URL=url.replace("://", "://:hidden-pw@"))
+    reset()
+    with pytest.raises(RedisUnavailable) as raised:
+        jobs.record.delay("nowhere")
+    assert "hidden-pw" not in str(raised.value)

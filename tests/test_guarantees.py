@@ -89,10 +89,17 @@ def where_jobs_are(cog: CogEnv) -> tuple[dict[str, list[str]], Counter[str]]:
     runs recorded so far: {jid: [places]}, Counter of finished runs."""
     r, k = cog.redis, keys()
     patterns = [f"{k.queue_prefix}*", f"{k.inprogress_prefix}*"]
+    cluster = isinstance(r, redis.RedisCluster)
+
+    def scan() -> list[bytes]:
+        return sorted({key for pattern in patterns for key in r.scan_iter(match=pattern, count=1000)})
+
     for _attempt in range(50):
-        lists = sorted({key for pattern in patterns for key in r.scan_iter(match=pattern, count=1000)})
+        lists = scan()
         pipe = r.pipeline(transaction=True)
-        for pattern in patterns:
+        # KEYS has no key to route by: on a cluster the scan is repeated
+        # after the snapshot instead (every key of a namespace is in one slot).
+        for pattern in () if cluster else patterns:
             pipe.keys(pattern)
         for key in lists:
             pipe.lrange(key, 0, -1)
@@ -102,6 +109,8 @@ def where_jobs_are(cog: CogEnv) -> tuple[dict[str, list[str]], Counter[str]]:
         pipe.lrange(k.unsettled, 0, -1)
         pipe.lrange(cog.key("test:runs"), 0, -1)
         reply = pipe.execute()
+        if cluster:
+            reply = [scan(), [], *reply]
         if not set(reply[0]) | set(reply[1]) <= set(lists):
             continue  # a list appeared between the scan and the snapshot: look again
         places: dict[str, list[str]] = {}

@@ -25,7 +25,7 @@ from redis.exceptions import NoScriptError
 
 from django_cogworker import registry
 from django_cogworker.conf import DEFAULT_QUEUE
-from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.connection import get_keys, get_redis, is_cluster
 from django_cogworker.errors import BadPayload, redis_boundary
 from django_cogworker.payload import Payload, encode, parse, text
 from django_cogworker.scripts import script
@@ -219,6 +219,9 @@ def bulk(records: Iterable[JobRecord], action: str) -> int:
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
     client = get_redis()
+    if is_cluster(client):
+        # redis-py's cluster pipeline refuses EVALSHA: one call per entry.
+        return sum(1 for r in records if r.apply(action))
     script("move").ensure_loaded(client)
     done = 0
     iterator = iter(records)

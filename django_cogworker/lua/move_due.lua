@@ -6,7 +6,8 @@
 -- Returns how many moved. A job is moved only if it is still in the set, in
 -- the same atomic step, so two pollers never move one job twice. Write, then
 -- remove (G5); a queue key of the wrong type leaves its job in the set and
--- does not stop the batch (G12).
+-- does not stop the batch (G12); any other error (READONLY, OOM) stops it
+-- and is the caller's (the jobs moved so far are moved whole).
 local moved = 0
 for i = 1, #KEYS - 2 do
   local entry, payload, queue = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
@@ -16,6 +17,8 @@ for i = 1, #KEYS - 2 do
       redis.call("SADD", KEYS[2], queue)
       redis.call("ZREM", KEYS[1], entry)
       moved = moved + 1
+    elseif not string.find(ok.err or "", "WRONGTYPE", 1, true) then
+      return redis.error_reply(ok.err or "LPUSH failed")
     end
   end
 end

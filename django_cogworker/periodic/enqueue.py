@@ -9,6 +9,8 @@ Duties:
   pushes, every other one finds the marker. For an ``until_executed`` entry
   the same call skips the slot while the previous run holds the running lock
   (:mod:`django_cogworker.periodic.lock`), or takes the lock for the new run;
+- with ``ENQUEUE_WAIT_REPLICAS``, the wait for replicas after a push
+  (:mod:`django_cogworker.confirm`);
 - a payload that is not pushed after all (the slot was taken, skipped, or
   the call failed) is cancelled through the client chain, so a unique lock
   taken for it is given back.
@@ -20,7 +22,8 @@ import logging
 
 import redis
 
-from django_cogworker import middleware, registry
+from django_cogworker import confirm, middleware, registry
+from django_cogworker.conf import get_config
 from django_cogworker.errors import JobNotRegistered
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode
@@ -92,6 +95,11 @@ def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now
         raise
     if int(reply) == 1:
         logger.info("periodic %s (%s): enqueued jid=%s", entry.job, entry.cron, payload["jid"])
+        config = get_config()
+        if confirm.wanted(config):
+            # The slot's marker is set: this slot is not pushed again, by
+            # this process or another. Raised to the ticker, which logs it.
+            confirm.confirm(client, keys, config, [str(payload["jid"])])
         return PUSHED
     chain.cancel(payload)
     if int(reply) == -1:

@@ -27,9 +27,10 @@ from collections.abc import Iterable
 import redis
 
 from django_cogworker.conf import Config
+from django_cogworker.errors import EnqueueNotReplicated
 from django_cogworker.keys import Keys
 from django_cogworker.outage import Outage
-from django_cogworker.periodic.enqueue import enqueue_slot
+from django_cogworker.periodic.enqueue import PUSHED, enqueue_slot
 from django_cogworker.periodic.entry import Entry
 from django_cogworker.periodic.lock import HELD, HeldLocks, active_ttl_s
 
@@ -115,7 +116,12 @@ class Ticker:
         outcome = ""
         slot = entry.schedule.due_slot(now, LATE_GRACE_S)
         if slot is not None and self.done_slot.get(entry.pjid) != slot:
-            outcome = enqueue_slot(self.client, self.keys, entry, slot, now)
+            try:
+                outcome = enqueue_slot(self.client, self.keys, entry, slot, now)
+            except EnqueueNotReplicated as exc:
+                # Pushed, and its slot marked: not pushed again (SPEC section 11).
+                logger.warning("periodic %s (%s): %s", entry.job, entry.cron, exc)
+                outcome = PUSHED
             self.done_slot[entry.pjid] = slot
         next_at = self.next_at.get(entry.pjid)
         if next_at is None or next_at <= now:

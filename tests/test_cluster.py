@@ -1,0 +1,148 @@
+"""G16: on a real Redis Cluster (three masters, each with a replica) every
+guarantee holds as on one server.
+
+The guarantee tests that do not need a server of their own, the
+inspection API, the admin pages and the Tasks backend are collected here a
+second time, with ``redis_url`` pointing at the cluster (``REDIS_URL =
+"redis+cluster://..."``, a hash-tagged namespace per test). Then what only
+a cluster has: the slot owner SIGKILLed mid-run and its replica promoted
+(no confirmed job lost, scripts missing on the new master), the key scan of
+every master, the capability check, a cluster client from a cache alias.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from django_cogworker import connection, errors
+from django_cogworker.conf import get_config
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.fetching import reliable_supported
+from django_cogworker.scripts import script
+from testproject.testapp import jobs
+from tests.conftest import CogEnv, wait_for
+from tests.test_admin import *  # noqa: F403  (the admin pages, on the cluster)
+from tests.test_api import *  # noqa: F403  (the inspection API)
+from tests.test_failover import Producer
+from tests.test_guarantees import (  # the guarantees that need no server of their own
+    leftovers,
+    runs,
+    test_g1_jobs_of_a_sigkilled_worker_all_run_and_each_job_is_always_in_one_place,  # noqa: F401
+    test_g2_live_but_silent_owner_keeps_its_jobs,  # noqa: F401
+    test_g2_owner_silent_past_the_threshold_loses_its_job_to_another_worker,  # noqa: F401
+    test_g2_requeue_script_decides_on_presence_and_last_beat_atomically,  # noqa: F401
+    test_g3_a_job_that_kills_its_process_ends_in_dead_after_max_orphanings_plus_one_runs,  # noqa: F401
+    test_g3_finishing_a_job_clears_its_orphan_counter,  # noqa: F401
+    test_g4_recovered_jobs_run_oldest_first_before_jobs_already_queued,  # noqa: F401
+    test_g5_a_job_whose_queue_key_is_broken_rotates_and_does_not_block_the_others,  # noqa: F401
+    test_g6_a_failed_job_whose_filing_failed_is_filed_later,  # noqa: F401
+    test_g6_a_finished_job_whose_ack_failed_is_acked_later_never_rerun,  # noqa: F401
+    test_g6_an_ack_whose_reply_was_lost_leaves_no_stray_behind,  # noqa: F401
+    test_g7_a_stray_on_a_live_workers_list_is_requeued_when_seen_twice,  # noqa: F401
+    test_g8_sigterm_interrupts_a_job_past_the_timeout_files_it_in_retry_and_deregisters,  # noqa: F401
+    test_g9_paused_queues_are_skipped,  # noqa: F401
+    test_g12_a_broken_in_progress_list_does_not_stop_recovery_of_others_nor_the_poller,  # noqa: F401
+    test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues,  # noqa: F401
+    test_g13_bad_payloads_are_filed_in_dead_with_raw_kept_and_the_worker_goes_on,  # noqa: F401
+)
+from tests.test_tasks import *  # noqa: F403  (the Tasks backend)
+from tests.topology import ClusterGroup, redis_cluster  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_cluster: ClusterGroup) -> str:  # noqa: F811
+    return redis_cluster.url()
+
+
+@pytest.fixture(autouse=True)
+def healthy_cluster(redis_cluster: ClusterGroup) -> Any:  # noqa: F811
+    """Each test starts on a whole cluster (a test may kill a node)."""
+    redis_cluster.heal()
+    yield
+
+
+# -- what only a cluster has ---------------------------------------------------------------------
+
+
+def test_g16_the_client_is_a_cluster_client_and_reliable_fetch_is_supported(cog: CogEnv) -> None:
+    client = get_redis()
+    assert isinstance(client, redis.RedisCluster)
+    assert get_config().namespace == cog.namespace and cog.namespace.startswith("{")
+    assert reliable_supported(client)
+
+
+def test_g16_the_boot_scan_finds_an_unregistered_list_on_every_master(cog: CogEnv) -> None:
+    """A list whose registration was lost is found by the key scan, which
+    redis-py's cluster client sends to every master."""
+    k = get_keys()
+    raw = jobs.record.payload(("scanned",), {}, time.time())
+    from django_cogworker.payload import encode
+
+    cog.redis.lpush(k.inprogress("ghost-1"), encode(raw))
+    worker = cog.start_worker()
+    wait_for(lambda: [n["tag"] for n in cog.notes()] == ["scanned"], 20, "the scanned job to run")
+    wait_for(lambda: leftovers(cog) == {}, 10, "nothing left")
+    assert worker.alive()
+
+
+def test_g16_a_cluster_client_from_a_cache_alias_is_refused(
+    cog: CogEnv, monkeypatch: Any, settings: Any
+) -> None:
+    import django_redis
+
+    monkeypatch.setattr(django_redis, "get_redis_connection", lambda alias: cog.redis)
+    settings.CACHES = {
+        **settings.CACHES,
+        "jobs": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": cog.url},
+    }
+    cog.configure(CACHE_ALIAS="jobs")
+    connection.reset()
+    with pytest.raises(errors.ConfigurationError, match=r"is a Redis Cluster client.*redis\+cluster://"):
+        get_redis()
+
+
+def test_g16_g11_the_slot_owner_sigkilled_mid_run_loses_no_confirmed_job(
+    cog: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    """The master of the namespace's slot is SIGKILLed under load; its
+    replica is promoted, with no script in its cache (G11). Every job whose
+    enqueue was confirmed by a replica runs at least once, the workers keep
+    running (same processes), nothing is left."""
+    cog.configure(ENQUEUE_WAIT_REPLICAS=1, ENQUEUE_WAIT_TIMEOUT=0.5, HEARTBEAT_TTL=4, ORPHAN_THRESHOLD=8)
+    workers = [cog.start_worker(), cog.start_worker()]
+    for w in workers:
+        w.identity()
+    with Producer() as producer:
+        wait_for(lambda: len(runs(cog)) >= 30, 20, "the run to get going")
+        owner = redis_cluster.owner_of(cog.key("queues"))
+        promoted_in = redis_cluster.kill(owner)
+        at_promotion = len(producer.confirmed)
+        new_owner = redis_cluster.owner_of(cog.key("queues"))
+        # G11: the promoted replica's script cache is flushed: every call
+        # meets NOSCRIPT once and loads the script again.
+        with redis.Redis(port=new_owner) as node:
+            node.script_flush()
+        # The promoted master has no replica left to confirm enqueues until
+        # the killed node is back (as its replica, from its AOF).
+        redis_cluster.restart(owner)
+        wait_for(lambda: len(producer.confirmed) >= at_promotion + 50, 30, "confirmed enqueues after it")
+    confirmed = producer.confirmed
+    wait_for(lambda: set(confirmed) <= set(runs(cog)), 60, "every confirmed job to run")
+    wait_for(lambda: leftovers(cog) == {}, 30, "nothing left")
+    assert all(w.alive() for w in workers)
+    logs = "".join(w.log() for w in workers)
+    # The node's death is an outage (connection errors, CLUSTERDOWN, MOVED
+    # while the slot moves), never an error of ours nor a broken queue.
+    assert "fetch failed" not in logs and "heartbeat failed" not in logs and "cannot be read" not in logs
+    with redis.Redis(port=new_owner) as node:
+        assert node.script_exists(script("heartbeat").sha) == [True], "the worker loaded its scripts again"
+    print(
+        f"\n[cluster] slot owner killed, replica promoted in {promoted_in:.1f}s; {len(confirmed)} confirmed "
+        f"enqueues all ran, {len(producer.unconfirmed)} unconfirmed, {producer.refused} refused, "
+        f"{sum(n - 1 for n in runs(cog).values())} second runs"
+    )
