@@ -64,8 +64,35 @@ def reset() -> None:
     with _lock:
         old, _client = _client, None
     if old is not None:
+        close(old)
+
+
+def close(client: Client) -> None:
+    """Closes ``client`` and every connection it holds. A Sentinel client's
+    pool was handed to it (``master_for``), so ``close()`` alone leaves the
+    pool and the connections to the sentinels open."""
+    with contextlib.suppress(Exception):
+        client.close()
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, redis.sentinel.SentinelConnectionPool):
         with contextlib.suppress(Exception):
-            old.close()
+            pool.disconnect()
+        for sentinel in pool.sentinel_manager.sentinels:
+            with contextlib.suppress(Exception):
+                sentinel.close()
+
+
+async def aclose(client: Client) -> None:
+    """:func:`close` for a ``redis.asyncio`` client."""
+    with contextlib.suppress(Exception):
+        await client.aclose()
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
+        with contextlib.suppress(Exception):
+            await pool.disconnect()
+        for sentinel in pool.sentinel_manager.sentinels:
+            with contextlib.suppress(Exception):
+                await sentinel.aclose()
 
 
 #: redis-py pings a connection idle this long before using it, so that one
@@ -233,7 +260,7 @@ async def async_redis() -> AsyncIterator[redis.asyncio.Redis]:
     try:
         yield conn
     finally:
-        await conn.aclose()
+        await aclose(conn)
 
 
 def _from_cache(alias: str) -> Client:

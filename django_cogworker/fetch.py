@@ -27,7 +27,7 @@ from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.errors import UnsupportedServer, is_unavailable
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
-from django_cogworker.requeue import requeue_one
+from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_one
 from django_cogworker.scripts import Arg, script
 
 if TYPE_CHECKING:
@@ -134,6 +134,10 @@ class Fetcher:
     def still_owned(self, work: UnitOfWork) -> bool:
         """Whether the job is still this process's to run (see ReliableFetch)."""
         return True
+
+    def mark_suspect(self, work: UnitOfWork) -> None:
+        """Records, before it starts, the one recovered job this process
+        runs (G3; see ReliableFetch). Nothing to record without a list."""
 
     def take_acks(self) -> list[tuple[UnitOfWork, str]]:
         """The acknowledgements still waiting for a fetch, for the caller to
@@ -316,6 +320,11 @@ class ReliableFetch(Fetcher):
 
     def give_back(self, work: UnitOfWork) -> None:
         requeue_one(self.client, self.keys, self.inprogress, work.raw)
+
+    def mark_suspect(self, work: UnitOfWork) -> None:
+        # If this process dies, recovery counts an orphaning only for this
+        # recovered job, not for one merely held beside it (G3).
+        self.client.set(self.keys.suspect(self.ctx.identity), work.raw, ex=ORPHANINGS_TTL_S)
 
 
 def file_job(

@@ -29,6 +29,7 @@ class Keys:
         self.signals_prefix = f"{n}:signals:"
         self.orphanings_prefix = f"{n}:orphanings:"
         self.repeat_orphans = f"{n}:repeat_orphans"
+        self.suspect_prefix = f"{n}:suspect:"
         self.unsettled = f"{n}:unsettled"
         self.stat_processed = f"{n}:stat:processed"
         self.stat_failed = f"{n}:stat:failed"
@@ -54,6 +55,9 @@ class Keys:
 
     def signals(self, identity: str) -> str:
         return self.signals_prefix + identity
+
+    def suspect(self, identity: str) -> str:
+        return self.suspect_prefix + identity
 
     def orphanings(self, jid: str) -> str:
         return self.orphanings_prefix + jid

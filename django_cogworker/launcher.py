@@ -167,7 +167,12 @@ class Launcher:
             processed, failed = m.ledger.take_counts()
             stats.count(m.client, k, processed=processed, failed=failed)
             pipe = m.client.pipeline(transaction=False)
-            for key in (k.process(m.identity), k.workers(m.identity), k.signals(m.identity)):
+            for key in (
+                k.process(m.identity),
+                k.workers(m.identity),
+                k.signals(m.identity),
+                k.suspect(m.identity),
+            ):
                 pipe.delete(key)  # one key per DEL: a cluster pipeline takes no other
             pipe.srem(k.processes, m.identity)
             pipe.execute()

@@ -104,6 +104,8 @@ class Processor:
                 crew.quiet.wait(SUSPECT_RETRY_S * (0.5 + random.random()))
                 continue
             try:
+                if suspect and not self.marked(work):
+                    continue
                 done = self.process(work)
             finally:
                 if suspect:
@@ -138,6 +140,19 @@ class Processor:
         crew.settler.settle(work, outcome)
         crew.ledger.finished(self.index, work, outcome.failed)
         return None
+
+    def marked(self, work: UnitOfWork) -> bool:
+        """G3: the suspect recorded before it starts; unrecorded, it does
+        not start (given back, tried again later)."""
+        try:
+            self.crew.fetching.current().mark_suspect(work)
+            return True
+        except Exception as exc:
+            if not self.crew.outage.failed(exc):
+                logger.error("could not record a recovered job before its start (%s); not starting it", exc)
+            self.crew.settler.give_back(work)
+            self.back_off()
+            return False
 
     def still_ours(self, work: UnitOfWork) -> bool:
         """G18: a job fetched a long while ago (this process was stopped,

@@ -41,6 +41,8 @@ class Destination:
     #: field name, to which the script appends the count; None for a payload
     #: that is not a readable object or is marked already.
     mark_prefix: bytes | None
+    #: Marked already: recovered once, a suspect of G3.
+    recovered: bool = False
 
 
 def destination(keys: Keys, raw: bytes) -> Destination:
@@ -74,6 +76,7 @@ def destination(keys: Keys, raw: bytes) -> Destination:
         keys.orphanings(jid) if jid else None,
         lock,
         mark,
+        "orphaned" in payload,
     )
 
 
@@ -123,9 +126,19 @@ def requeue_list(
         "" if stall_gap_s is None else repr(stall_gap_s),
         PERIODIC_QUEUED_TTL_S,
     ]
-    for raw in listed:
-        where = destination(keys, raw)
+    wheres = [destination(keys, raw) for raw in listed]
+    # G3: of the recovered jobs on a dead process's list, only the one it
+    # recorded before starting it (at most one runs at a time) may be what
+    # killed it; the others were only held beside it, and are spared ("s").
+    started = (
+        client.get(keys.suspect(identity))
+        if if_dead_for_s is not None and any(w.recovered for w in wheres)
+        else None
+    )
+    for raw, where in zip(listed, wheres, strict=True):
         flags = "d" if raw in finished else "k" if raw in keep else ""
+        if where.recovered and raw != started:
+            flags += "s"
         script_keys.append(where.queue_key)
         if where.counter_key:
             flags += "c"

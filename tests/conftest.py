@@ -154,8 +154,12 @@ class RedisServer:
             *(extra or []),
         ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with redis.Redis(port=self.port, socket_timeout=1) as client:
-            wait_for(lambda: _pings(client), 10, "redis-server to start")
+        try:
+            with redis.Redis(port=self.port, socket_timeout=1) as client:
+                wait_for(lambda: _pings(client), 10, "redis-server to start")
+        except BaseException:
+            self.stop(signal.SIGKILL)  # not left behind by a failed start
+            raise
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -310,9 +314,9 @@ class CogEnv:
                 self.redis.delete(*keys)
         except redis.RedisError:
             pass
-        self.redis.close()
         from django_cogworker import connection
 
+        connection.close(self.redis)  # a Sentinel client's pool and sentinels too
         connection.reset()
 
 

@@ -105,6 +105,25 @@ def test_g16_a_cluster_client_from_a_cache_alias_is_refused(
         get_redis()
 
 
+def test_g16_confirmed_enqueue_on_a_cluster_sync_and_async(cog: CogEnv, redis_cluster: ClusterGroup) -> None:  # noqa: F811
+    """WAIT goes to the master of the namespace's slot, on the push's own
+    connection (sync pipeline) or after the write of its own (asyncio
+    Tasks backend); the replica of that master has the jobs."""
+    import asyncio
+
+    from testproject.testapp import tasks
+
+    cog.configure(ENQUEUE_WAIT_REPLICAS=1)
+    jids = [jobs.record.delay("sync"), *jobs.record.delay_many([(("many",), {})] * 3)]
+    result = asyncio.run(tasks.async_add.aenqueue(1, 2))
+    with redis.Redis(port=redis_cluster.owner_of(cog.key("queues"))) as owner:
+        replica = int(owner.info("replication")["slave0"]["port"])
+    with redis.Redis(port=replica) as node:
+        node.execute_command("READONLY")
+        assert node.llen(cog.key("queue:default")) == len(jids) + 1
+        assert node.exists(get_keys().result(result.id))
+
+
 def test_g16_g11_the_slot_owner_sigkilled_mid_run_loses_no_confirmed_job(
     cog: CogEnv,
     redis_cluster: ClusterGroup,  # noqa: F811

@@ -73,7 +73,7 @@ def first_run_after(cog: CogEnv, moment: float) -> float:
 def on_sentinel(cog: CogEnv, sentinel_group: SentinelGroup) -> SentinelGroup:  # noqa: F811
     """Points the test at the Sentinel group (healed first: a test before may have killed a node)."""
     sentinel_group.heal()
-    cog.redis.close()
+    connection.close(cog.redis)
     cog.url = sentinel_group.url()
     cog.redis = client_for(cog.url)
     cog.configure(REDIS_URL=cog.url)
@@ -226,6 +226,71 @@ def test_g15_enqueues_are_confirmed_by_the_replica(cog: CogEnv, on_sentinel: Sen
     assert raised.value.jids and raised.value.jids[0] not in jids
     with on_sentinel.master_client() as master:
         assert master.llen(get_keys().queue("default")) == 8, "pushed on the master all the same"
+
+
+@pytest.mark.parametrize(
+    ("reply", "outage"),
+    [
+        ("READONLY You can't write against a read only replica.", True),
+        ("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to no", True),
+        ("NOREPLICAS Not enough good replicas to write.", True),
+        ("CLUSTERDOWN The cluster is down", True),
+        ("TRYAGAIN Multiple keys request during rehashing of slot", True),
+        ("MOVED 3999 127.0.0.1:6381", True),
+        ("ASK 3999 127.0.0.1:6381", True),
+        ("LOADING Redis is loading the dataset in memory", True),
+        (
+            "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)",
+            True,
+        ),
+        # From inside a script, Redis 6.2 puts the code after the script's line.
+        (
+            "ERR Error running script (call to f_1): @user_script:10: @user_script: 10: -READONLY You can't",
+            True,
+        ),
+        ("WRONGTYPE Operation against a key holding the wrong kind of value", False),
+        ("OOM command not allowed when used memory > 'maxmemory'.", False),
+        ("NOSCRIPT No matching script. Please use EVAL.", False),
+        ("ERR unknown command 'BLMOVE'", False),
+    ],
+)
+def test_replies_of_a_failover_are_outages_and_others_are_errors(reply: str, outage: bool) -> None:
+    """Each reply as redis-py's own parser turns it into an exception: a
+    failover's are outages (retried, logged once, RedisUnavailable at
+    .delay()); a refusal of the command is not."""
+    from redis._parsers.base import BaseParser
+
+    exc = BaseParser.parse_error(reply)
+    assert errors.is_unavailable(exc) is outage
+    assert isinstance(errors.translate(exc, "enqueue"), errors.RedisUnavailable) is outage
+
+
+def test_a_cluster_that_cannot_be_reached_is_an_outage_and_a_command_it_cannot_route_is_not() -> None:
+    unreachable = redis.exceptions.RedisClusterException(
+        "Redis Cluster cannot be connected. Please provide ..."
+    )
+    assert errors.is_unavailable(unreachable)
+    assert errors.is_unavailable(redis.exceptions.SlotNotCoveredError("slot 12 is not covered"))
+    assert errors.is_unavailable(redis.sentinel.MasterNotFoundError("No master found for 'mymaster'"))
+    misuse = redis.exceptions.RedisClusterException(
+        "No way to dispatch this command to Redis Cluster. Missing key."
+    )
+    assert not errors.is_unavailable(misuse)
+
+
+def test_g15_async_enqueues_through_sentinel_are_confirmed(cog: CogEnv, on_sentinel: SentinelGroup) -> None:
+    """The Tasks backend's aenqueue: a redis.asyncio Sentinel client, its
+    MULTI, then the write and WAIT of confirmed enqueue."""
+    import asyncio
+
+    from testproject.testapp import tasks
+
+    cog.configure(ENQUEUE_WAIT_REPLICAS=1)
+    result = asyncio.run(tasks.async_add.aenqueue(20, 22))
+    with on_sentinel.replica_client() as replica:
+        assert replica.exists(get_keys().result(result.id)) and replica.llen(get_keys().queue("default")) == 1
+    cog.start_worker()
+    wait_for(lambda: [n["jid"] for n in cog.notes()] == [result.id], 20, "the async task to run")
 
 
 # -- a plain URL on a demoted master ---------------------------------------------------------------

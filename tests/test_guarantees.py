@@ -447,6 +447,26 @@ def test_g3_finishing_a_job_clears_its_orphan_counter(cog):
     wait_for(lambda: not cog.redis.exists(k.orphanings(jid)), 5, "its counter to be cleared")
 
 
+def test_g3_only_the_recovered_job_a_dead_process_had_started_is_counted_again(cog):
+    """Of the recovered jobs on a dead process's list, only the one it
+    recorded before starting it (N:suspect:<identity>) may be the pill: the
+    others were held beside it, and a pill that kills again and again must
+    not take them to dead with it."""
+    k = keys()
+    ran, held = (raw_job(jobs.record, tag)[:-1] + b',"orphaned":2}' for tag in ("ran", "held"))
+    for raw in (ran, held):
+        cog.redis.set(k.orphanings(jid_of(raw)), 2)
+    ident = "host:4:g3"
+    plant_dead_identity(cog, ident, [held, ran])
+    cog.redis.set(k.suspect(ident), ran)
+    moved = run_requeue(cog, ident, threshold_s=2, max_orphanings=2)
+    assert moved[0] == 2
+    assert cog.redis.lrange(k.repeat_orphans, 0, -1) == [ran], "the started one is parked (3 > 2)"
+    assert cog.redis.get(k.orphanings(jid_of(held))) == b"2", "the held one is not counted"
+    [requeued] = cog.redis.lrange(k.queue("default"), 0, -1)
+    assert json.loads(requeued)["jid"] == jid_of(held)
+
+
 # -- G4 order ------------------------------------------------------------------------
 
 
@@ -1098,7 +1118,7 @@ def test_g14_a_job_raising_any_exception_never_kills_its_thread(cog):
 # -- Redis restarted mid-run ----------------------------------------------------------------------
 
 
-def test_redis_killed_and_restarted_from_its_aof_mid_run_loses_nothing(cog, own_redis):
+def test_g17_redis_killed_and_restarted_from_its_aof_mid_run_loses_nothing(cog, own_redis):
     server = own_redis(appendonly=True)
     cog.configure(CONCURRENCY=4)
     jids = [str(j) for j in jobs.pace.delay_many([((0.02, i), {}) for i in range(300)])]

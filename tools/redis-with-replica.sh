@@ -22,7 +22,9 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 [[ -n $port && -n $dir ]] || { echo "redis-with-replica: needs --port and --dir" >&2; exit 2; }
 
-"$binary" "$@" &
+# No delay before the replica's first sync (Redis 7 waits 5 s by default):
+# an enqueue confirmed before the replica is in sync would raise.
+"$binary" "$@" --repl-diskless-sync-delay 0 &
 master=$!
 replica_dir="$dir/replica"
 mkdir -p "$replica_dir"

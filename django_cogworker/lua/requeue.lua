@@ -18,7 +18,9 @@
 -- beats (s) not taken for a Redis stall (HEARTBEAT_TTL), or ""; ARGV[7] =
 -- the periodic lock TTL (s); then four per job: the job as on the list,
 -- its flags ("d": finished, dropped, which is its ack; "k": kept, the
--- caller hands it to unsettled next; "c", "l": as above), its jid, and the
+-- caller hands it to unsettled next; "s": spared, a recovered job the dead
+-- process held but had not started, whose orphanings are not counted
+-- again; "c", "l": as above), its jid, and the
 -- payload to requeue when recovering a dead process's list (marked with
 -- "orphaned", its count appended here), or "" to requeue it as it is.
 --
@@ -93,6 +95,7 @@ for i = 8, #ARGV, 4 do
       -- and park it past the limit (G3). A job that kills its own process
       -- (OOM, SIGKILL) would otherwise come back after every crash.
       local count, parked = nil, false
+      local counted = orphans and counter and not string.find(flags, "s", 1, true)
       if orphans and counter then
         local current = redis.pcall("GET", counter)
         count = type(current) == "string" and tonumber(current) or nil
@@ -101,8 +104,8 @@ for i = 8, #ARGV, 4 do
           -- let it switch the limit off.
           redis.pcall("DEL", counter)
         end
-        count = (count or 0) + 1
-        if count > tonumber(ARGV[5]) then
+        count = (count or 0) + (counted and 1 or 0)
+        if counted and count > tonumber(ARGV[5]) then
           parked = type(redis.pcall("RPUSH", KEYS[4], job)) == "number"
           if not parked then
             -- Parking list unusable: straight to dead, raw; the caller
@@ -119,7 +122,7 @@ for i = 8, #ARGV, 4 do
       local written = parked or pcall(requeue_job, requeued, queue_key, lock, jid, ARGV[7])
       redis.call("LREM", KEYS[1], 1, job)
       if written then
-        if orphans and counter then
+        if counted then
           redis.pcall("INCR", counter)
           redis.pcall("EXPIRE", counter, ARGV[4])
         end
