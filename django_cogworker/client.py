@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -73,6 +74,32 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str
     return jids
 
 
+class NotInstalledWarning(RuntimeWarning):
+    """Jobs are enqueued by a project whose INSTALLED_APPS lacks the app."""
+
+
+_installed_checked = False
+
+
+def warn_if_not_installed() -> None:
+    """Warns once per process when ``django_cogworker`` is not in
+    INSTALLED_APPS: ``.delay()`` still enqueues, but ``manage.py cogworker``
+    does not exist there, and nothing would ever run the jobs."""
+    global _installed_checked
+    if _installed_checked:
+        return
+    _installed_checked = True
+    from django.apps import apps
+
+    if apps.ready and not apps.is_installed("django_cogworker"):
+        warnings.warn(
+            "jobs are being enqueued, but 'django_cogworker' is not in INSTALLED_APPS: add it there, or "
+            "'manage.py cogworker' does not exist and the checks and the admin pages are missing",
+            NotInstalledWarning,
+            stacklevel=4,
+        )
+
+
 def inline_mode() -> bool:
     """Whether the testing helpers' inline mode is on (see :func:`deliver`)."""
     return inline_runner is not None
@@ -91,6 +118,7 @@ def deliver(
     transaction commits when ``on_commit``), then ``then``; or, in the
     testing helpers' inline mode, ``also``'s writes and ``then`` at once and
     the jobs run in this thread. Returns whether they ran inline."""
+    warn_if_not_installed()
     runner = inline_runner
     if runner is not None:
         if also is not None:

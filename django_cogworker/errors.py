@@ -113,6 +113,27 @@ def is_unavailable(exc: BaseException) -> bool:
 _NOT_THE_MASTER_REPLY = re.compile(r"(?:^|[\s-])(?:" + "|".join(NOT_THE_MASTER_CODES) + r")\b")
 
 
+class RedisAccessRefused(RedisRefused):
+    """Redis refuses this client outright: a wrong password or user, a
+    database number the server does not have, an ACL without the commands
+    cogworker needs. Retrying cannot help; the worker exits at boot."""
+
+
+def refusal_at_boot(exc: BaseException) -> str | None:
+    """What to tell the operator when ``exc``, met while starting, is a
+    refusal that no retry will change (None otherwise)."""
+    if isinstance(exc, redis.AuthenticationError):
+        return (
+            "Redis refused the credentials: check the user and password in REDIS_URL "
+            "(or in the cache CACHE_ALIAS names)"
+        )
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return "the Redis user lacks a command cogworker needs (docs/deployment.md lists them)"
+    if isinstance(exc, redis.ResponseError) and "DB index is out of range" in str(exc):
+        return "the database number in REDIS_URL is not one the server has (see its 'databases' setting)"
+    return None
+
+
 def translate(
     exc: BaseException, doing: str, *, refused: type[RedisRefused] = RedisRefused
 ) -> CogworkerError:

@@ -7,6 +7,8 @@ per-call option never leaks into the registered job.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -68,6 +70,33 @@ class Job:
             raise TypeError(f"job {self.name!r}: unknown option(s) for set(): {', '.join(bad)}")
         return dataclasses.replace(self, **options)
 
+    @functools.cached_property
+    def signature(self) -> inspect.Signature | None:
+        """The function's signature, to check calls against at enqueue time
+        (None when Python cannot tell it, as for some built-ins)."""
+        try:
+            return inspect.signature(self.func)
+        except (TypeError, ValueError):
+            return None
+
+    def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Raises TypeError, naming the job, if the function could not be
+        called with these arguments: at ``.delay()``, not in the worker."""
+        signature = self.signature
+        if signature is None:
+            return
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            bare = signature.replace(
+                parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                return_annotation=signature.empty,
+            )
+            raise TypeError(
+                f"job {self.name!r} cannot be called with these arguments ({exc}); it takes "
+                f"{bare}. Nothing was enqueued."
+            ) from None
+
     def payload(self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None) -> Payload:
         check_arguments(self.name, args, kwargs)
         now = time.time() if now is None else now
@@ -88,15 +117,24 @@ class Job:
             payload["unique_until"] = self.unique_until
         return payload
 
+    def checked_payload(
+        self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None
+    ) -> Payload:
+        """:meth:`payload` for a call that ``.delay()`` and friends make:
+        JSON arguments that the function also accepts."""
+        payload = self.payload(args, kwargs, now)
+        self.check_call(args, kwargs)
+        return payload
+
     def delay(self, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue now. Returns the jid (None if a client middleware refused)."""
-        return client.enqueue(self.payload(args, kwargs))
+        return client.enqueue(self.checked_payload(args, kwargs))
 
     def delay_in(self, seconds: float | timedelta, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue to run after ``seconds`` (a number or a timedelta)."""
         if isinstance(seconds, timedelta):
             seconds = seconds.total_seconds()
-        return client.enqueue(self.payload(args, kwargs), at=time.time() + float(seconds))
+        return client.enqueue(self.checked_payload(args, kwargs), at=time.time() + float(seconds))
 
     def delay_at(self, when: datetime | float | int, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue to run at ``when`` (an aware datetime, or epoch seconds)."""
@@ -106,7 +144,7 @@ class Job:
             at = when.timestamp()
         else:
             at = float(when)
-        return client.enqueue(self.payload(args, kwargs), at=at)
+        return client.enqueue(self.checked_payload(args, kwargs), at=at)
 
     def delay_many(
         self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, chunk_size: int = 1000
@@ -115,7 +153,7 @@ class Job:
 
         Every call's arguments are checked before anything is pushed."""
         now = time.time()
-        payloads = [self.payload(args, kwargs, now) for args, kwargs in calls]
+        payloads = [self.checked_payload(args, kwargs, now) for args, kwargs in calls]
         return client.enqueue_many(payloads, chunk_size=chunk_size)
 
 

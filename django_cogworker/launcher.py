@@ -27,6 +27,7 @@ from typing import Any
 
 from django_cogworker import connection, middleware, stats, threads
 from django_cogworker.conf import Config, QueueSpec
+from django_cogworker.errors import RedisAccessRefused, refusal_at_boot
 from django_cogworker.heartbeat import Heartbeat
 from django_cogworker.manager import Manager
 from django_cogworker.periodic import Ticker
@@ -125,6 +126,7 @@ class Launcher:
         """Beat before the first fetch; resolve the fetch first, so the beat
         says whether this process registers an in-progress list."""
         delay = 0.1
+        hinted = False
         while True:
             try:
                 self.manager.fetcher()
@@ -132,8 +134,22 @@ class Launcher:
                 self.manager.outage.succeeded()
                 return True
             except Exception as exc:
+                hint = refusal_at_boot(exc)
+                if hint is not None:
+                    raise RedisAccessRefused(
+                        f"cogworker cannot start: Redis at {connection.describe(self.config)} said "
+                        f"{str(exc)[:300].rstrip('.')}. {hint[0].upper()}{hint[1:]}."
+                    ) from exc
                 if not self.manager.outage.failed(exc):
                     logger.error("cannot reach Redis at boot (%s: %s); retrying", type(exc).__name__, exc)
+                if not hinted:
+                    hinted = True
+                    logger.error(
+                        "cogworker %s waits for Redis at %s: start Redis there, or set "
+                        "COGWORKER['REDIS_URL'] = 'embedded' for development; work starts when it answers",
+                        self.identity,
+                        connection.describe(self.config),
+                    )
             try:
                 what = self.signals.get(timeout=delay)
             except queue.Empty:

@@ -66,8 +66,11 @@ def not_registered_message(name: str) -> str:
         message = explainer(name)
         if message is not None:
             return message
+    modules = " or ".join(f"{m}.py" for m in sorted(_modules))
     return (
-        f"job {name!r} is not registered: no @job with that name was found in any installed app's jobs module"
+        f"job {name!r} is not registered in this worker: no @job with that name was found in the "
+        f"{modules} of any installed app when the worker started. If the job was added or renamed "
+        "since, restart the worker, then retry this job from the Dead page of the admin."
     )
 
 

@@ -677,3 +677,28 @@ def test_a_dead_set_of_100k_pages_fast(cog, superclient, capsys):
     assert first_s < 1.0 and last_s < 1.0 and detail_s < 1.0
     # Filtered pages scan the set on the server: bounded, generously.
     assert name_s < 4.0 and search_s < 4.0
+
+
+# -- Redis down (SPEC section 8) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", [*PAGES, "dead/job/1767225600.0~abc~0123456789ab/", "busy/x/job/y/"])
+def test_every_page_answers_503_inside_the_admin_when_redis_is_down(cog, own_redis, superclient, page):
+    server = own_redis()
+    server.stop()
+    cog.configure(REDIS_URL=f"redis://:s3cret-pw@127.0.0.1:{server.port}/0")
+    response = superclient.get(BASE + page)
+    assert response.status_code == 503
+    body = response.content.decode()
+    assert "Redis is unreachable" in body and f"redis://:***@127.0.0.1:{server.port}/0" in body
+    assert "s3cret-pw" not in body
+    assert 'id="site-name"' in body or "site-name" in body, "inside the admin's frame"
+
+
+def test_an_action_posted_while_redis_is_down_answers_503(cog, own_redis, superclient):
+    server = own_redis()
+    server.stop()
+    form = {"action": "retry", "select_across": "1", "post": "yes"}
+    response = superclient.post(BASE + "dead/action/", form)
+    assert response.status_code == 503
+    assert "Redis is unreachable" in response.content.decode()

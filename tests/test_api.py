@@ -322,6 +322,36 @@ def test_unsettled_entries_retry_kill_and_delete(cog):
     assert RetrySet().size == 0
 
 
+def test_unreadable_entries_of_one_score_have_their_own_ids(cog):
+    """Two unreadable payloads filed in dead at the same moment: each its
+    own row id, so deleting one leaves the other."""
+    k = get_keys()
+    cog.redis.zadd(k.dead, {b"not json \xff one": 1767225600.0, b"not json \xff two": 1767225600.0})
+    first, second = DeadSet().page(0, 10)
+    assert first.jid == second.jid == "" and first.id != second.id
+    assert DeadSet().get(second.id).raw == second.raw
+    assert DeadSet().get(second.id).delete() is True
+    [left] = DeadSet().page(0, 10)
+    assert left.raw == first.raw and DeadSet().get(first.id) is not None
+
+
+def test_a_selection_of_unsettled_entries_is_found_in_one_read_of_the_list(cog, own_redis):
+    """Confirming a bulk action on 990 of 5,000 unsettled entries: one LRANGE,
+    not one per id."""
+    own_redis()
+    k = get_keys()
+    entries = [
+        json.dumps({"payload": json.dumps({"jid": f"j{i}", "job": FAIL}), "set": k.dead}) for i in range(5000)
+    ]
+    cog.redis.rpush(k.unsettled, *entries)
+    every = list(UnsettledSet())
+    wanted = [r.id for r in every[::5]][:990]
+    before = int(cog.redis.info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
+    found = UnsettledSet().get_many(wanted)
+    after = int(cog.redis.info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
+    assert [r.id for r in found] == wanted and after - before == 1
+
+
 # -- Stats --------------------------------------------------------------------------
 
 

@@ -104,3 +104,40 @@ def test_shutdown_timeout_flag_overrides_the_setting(cog):
     assert worker.wait(10) == 0
     elapsed = time.monotonic() - signalled
     assert 0.4 <= elapsed < 5  # waited for the running job, but not the 20 s of the setting
+
+
+# -- refusals at boot (SPEC section 8) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "db", "says", "hint"),
+    [
+        (":wrong-pw", 0, "invalid username-password pair", "credentials"),
+        (":right-pw", 99, "DB index is out of range", "database number"),
+    ],
+)
+def test_a_wrong_password_or_database_stops_the_worker_at_boot(cog, own_redis, userinfo, db, says, hint):
+    """Not an endless "unreachable" loop: exit status 1 with the server's
+    message and what to check, the password masked."""
+    server = own_redis()
+    cog.redis.config_set("requirepass", "right-pw")
+    url = f"redis://{userinfo}@127.0.0.1:{server.port}/{db}"
+    worker = cog.start_worker(REDIS_URL=url, env={"COGWORKER_REDIS_URL": url})
+    assert worker.wait(30) == 1
+    log = worker.log()
+    assert "cogworker cannot start: Redis at redis://:***@127.0.0.1:" in log, log
+    assert says in log and hint in log and "Traceback" not in log, log
+    assert "wrong-pw" not in log and "right-pw" not in log
+
+
+def test_an_unreachable_redis_at_boot_is_waited_for_with_what_to_do(cog, own_redis):
+    server = own_redis()
+    server.stop()
+    worker = cog.start_worker()
+    wait_for(lambda: "waits for Redis at" in worker.log(), 20, "the boot hint")
+    log = worker.log()
+    assert "start Redis there, or set COGWORKER['REDIS_URL'] = 'embedded' for development" in log
+    server.start()
+    jid = jobs.record.delay("after boot")
+    wait_for(lambda: [n["jid"] for n in cog.notes()] == [jid], 30, "the worker to start working")
+    assert worker.alive()

@@ -161,6 +161,23 @@ def test_set_validates_the_values_it_is_given(cog):
         jobs.record.set(queue="")
 
 
+def test_delay_checks_the_call_against_the_jobs_signature_and_pushes_nothing(cog):
+    """``record(tag=None)``: three positional arguments, or a keyword it does
+    not take, fail at .delay() (not five times in the worker)."""
+    for call in (lambda: jobs.record.delay(1, 2, 3), lambda: jobs.record.delay(colour="red")):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert f"job {RECORD!r} cannot be called with these arguments" in str(info.value)
+        assert "it takes (tag=None)" in str(info.value)
+        assert "Nothing was enqueued" in str(info.value)
+    with pytest.raises(TypeError):
+        jobs.record.delay_many([(("fine",), {}), ((1, 2), {})])
+    with pytest.raises(TypeError):
+        jobs.record.delay_in(5, 1, 2)
+    assert queued(cog) == [] and cog.redis.zcard(cog.key("schedule")) == 0
+    assert jobs.record.delay(tag="ok") is not None
+
+
 # -- .delay_many() ----------------------------------------------------------------
 
 
@@ -419,3 +436,14 @@ def test_redis_refusing_the_push_raises_enqueue_refused_naming_the_reason(cog):
         jobs.record.delay("x")
     assert isinstance(caught.value, CogworkerError)
     assert cog.redis.get(cog.key("queue:default")) == b"not a list"
+
+
+def test_enqueueing_without_the_app_installed_warns_once_naming_the_setting(cog, settings, monkeypatch):
+    from django_cogworker import client
+
+    monkeypatch.setattr(client, "_installed_checked", False)
+    settings.INSTALLED_APPS = [a for a in settings.INSTALLED_APPS if a != "django_cogworker"]
+    with pytest.warns(client.NotInstalledWarning, match="'django_cogworker' is not in INSTALLED_APPS"):
+        jobs.record.delay("one")
+    jobs.record.delay("two")  # once per process: no second warning (warnings are errors here)
+    assert len(queued(cog)) == 2

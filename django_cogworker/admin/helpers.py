@@ -16,15 +16,18 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import django
+import redis
 from django.contrib.admin import ModelAdmin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from django_cogworker import api
+from django_cogworker import api, connection
 from django_cogworker.admin.display import When, duration_text
+from django_cogworker.conf import get_config
+from django_cogworker.errors import CogworkerError, RedisRefused, RedisUnavailable, translate
 
 #: Jobs per page of a list.
 PER_PAGE = 25
@@ -141,6 +144,36 @@ def context(
         "processes": processes,
         **extra,
     }
+
+
+def when_redis_answers(
+    request: HttpRequest, model_admin: ModelAdmin, view: Callable[[], HttpResponse]
+) -> HttpResponse:
+    """``view()``'s response, rendered here (a lazy template would meet
+    Redis after this frame); or, when Redis cannot be reached or refuses,
+    a page that says so (HTTP 503) in the admin's frame, with the address
+    and without the password (SPEC section 8)."""
+    try:
+        response = view()
+        if isinstance(response, TemplateResponse):
+            response.render()
+        return response
+    except (CogworkerError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        if isinstance(exc, CogworkerError) and not isinstance(exc, RedisUnavailable | RedisRefused):
+            raise
+        error = exc if isinstance(exc, CogworkerError) else translate(exc, "load this page")
+    request.current_app = model_admin.admin_site.name
+    ctx = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": "Redis is unreachable" if isinstance(error, RedisUnavailable) else "Redis refused",
+        "address": connection.describe(get_config()),
+        "reason": str(error),
+        "breadcrumbs_as_list": django.VERSION >= (6, 0),
+    }
+    response = TemplateResponse(request, TEMPLATES + "unavailable.html", ctx, status=503)
+    response.render()
+    return response
 
 
 def render(

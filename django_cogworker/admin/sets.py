@@ -242,7 +242,7 @@ def set_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> 
         if across:
             count, sample = _fetch(jobs, filters, 0, CONFIRM_SAMPLE)
         else:
-            found = [r for r in (jobs.get(i) for i in ids) if r is not None]
+            found = jobs.get_many(ids)
             count, sample = len(found), found[:CONFIRM_SAMPLE]
         ctx = context(
             request,
@@ -269,7 +269,7 @@ def set_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> 
     elif across:
         done = api.bulk(filters.matching(jobs), action)
     else:
-        records = [r for r in (jobs.get(i) for i in ids) if r is not None]
+        records = jobs.get_many(ids)
         done = api.bulk(records, action)
     wanted = "all matching" if across else str(len(ids))
     text = f"{ACTION_DONE[action]} {done} of {wanted} jobs in {page_def.title}."

@@ -3,7 +3,8 @@
 Duties: route every page (``dashboard``, ``queues``, ``busy``, ``periodic``
 and the set tabs, ``sets``) through ``admin_site.admin_view()``, which asks
 for an active staff login, protects every POST with CSRF and keeps pages
-out of caches. The URL names (``admin:django_cogworker_<page>``)
+out of caches, and through ``when_redis_answers()``: Redis down is a 503
+page in the admin's frame, never a 500. The URL names (``admin:django_cogworker_<page>``)
 are what templates and views reverse. No change/delete/history URLs: there
 is no table behind the model.
 """
@@ -19,6 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, re_path
 
 from django_cogworker.admin import busy, dashboard, periodic, queues, sets
+from django_cogworker.admin.helpers import when_redis_answers
 
 #: The set pages, as they appear in URLs.
 SET_NAMES = "|".join(sets.SET_PAGES)
@@ -29,7 +31,10 @@ def patterns(model_admin: ModelAdmin) -> list[URLPattern]:
 
     def page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            return view(request, model_admin, *args, **kwargs)
+            def answer() -> HttpResponse:
+                return view(request, model_admin, *args, **kwargs)
+
+            return when_redis_answers(request, model_admin, answer)
 
         return model_admin.admin_site.admin_view(update_wrapper(wrapper, view))
 

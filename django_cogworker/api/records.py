@@ -125,11 +125,18 @@ class JobRecord:
     @property
     def id(self) -> str:
         """A token that finds this exact entry again through its set's
-        ``get()``: ``<score>~<jid>`` in a sorted set (one ZRANGEBYSCORE away,
-        however large the set), a digest of the entry in a list."""
+        ``get()``, unique per entry: ``<score>~<jid>~<digest>`` in a sorted
+        set (one ZRANGEBYSCORE away, however large the set; two unreadable
+        entries of one score have no jid, but their own digests), a digest
+        of the entry in a list."""
         if self.kind == "zset":
-            return f"{self.score!r}~{self.jid}"
-        return hashlib.sha1(self._raw).hexdigest()[:20]
+            return f"{self.score!r}~{self.jid}~{self.digest[:12]}"
+        return self.digest[:20]
+
+    @property
+    def digest(self) -> str:
+        """A digest of the entry exactly as stored."""
+        return hashlib.sha1(self._raw).hexdigest()
 
     # -- actions ---------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from django_cogworker.api.parsing import glob_escape, glob_literal, loads_object, quick_match
 from django_cogworker.api.records import PAGE_SIZE, JobRecord, paged
@@ -70,6 +70,10 @@ class JobSet(abc.ABC):
     @abc.abstractmethod
     def get(self, record_id: str) -> JobRecord | None:
         """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
+
+    def get_many(self, record_ids: Iterable[str]) -> list[JobRecord]:
+        """The entries of these ids that are still there (a bulk action's selection)."""
+        return [r for r in (self.get(i) for i in dict.fromkeys(record_ids)) if r is not None]
 
     @abc.abstractmethod
     def clear(self) -> int:
@@ -185,7 +189,8 @@ class SortedSet(JobSet):
     @redis_boundary("find a job")
     def get(self, record_id: str) -> JobRecord | None:
         """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
-        score_text, sep, jid = record_id.partition("~")
+        score_text, sep, rest = record_id.partition("~")
+        jid, _, digest = rest.partition("~")
         try:
             score = float(score_text)
         except ValueError:
@@ -195,7 +200,7 @@ class SortedSet(JobSet):
         bound = repr(score)
         for raw, s in get_redis().zrangebyscore(self.key, bound, bound, withscores=True):
             record = self._record(raw, s)
-            if record.jid == jid:
+            if record.jid == jid and record.digest.startswith(digest):
                 return record
         return None
 
@@ -287,7 +292,16 @@ class UnsettledSet(JobSet):
 
     def get(self, record_id: str) -> JobRecord | None:
         """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
-        return next((r for r in self if r.id == record_id), None)
+        return next(iter(self.get_many([record_id])), None)
+
+    def get_many(self, record_ids: Iterable[str]) -> list[JobRecord]:
+        """One pass over the list for all of them (not one per id)."""
+        wanted = set(record_ids)
+        found: dict[str, JobRecord] = {}
+        for record in self:
+            if record.id in wanted and record.id not in found:
+                found[record.id] = record
+        return list(found.values())
 
     @redis_boundary("clear the unsettled jobs")
     def clear(self) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_cogworker.conf import get_config, parse_queue, queue_list_problems
+from django_cogworker.errors import RedisAccessRefused
 from django_cogworker.fetch import STRATEGIES
 
 
@@ -94,11 +95,15 @@ class Command(BaseCommand):
                 raise CommandError("--queue names a queue more than once: give it a weight instead")
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
-        Launcher(
+        launcher = Launcher(
             config,
             queues=queues,
             concurrency=options["concurrency"],
             fetch=options["fetch"],
             shutdown_timeout_s=options["shutdown_timeout"],
             tag=options["tag"],
-        ).run()
+        )
+        try:
+            launcher.run()
+        except RedisAccessRefused as exc:
+            raise CommandError(str(exc)) from None  # exit status 1, the message, no traceback
