@@ -27,7 +27,7 @@ from testproject.testapp import jobs
 from tests.conftest import CogEnv, wait_for
 from tests.test_admin import *  # noqa: F403  (the admin pages, on the cluster)
 from tests.test_api import *  # noqa: F403  (the inspection API)
-from tests.test_failover import Producer
+from tests.test_failover import Producer, assert_only_outages, beating_workers
 from tests.test_guarantees import (  # the guarantees that need no server of their own
     leftovers,
     runs,
@@ -149,9 +149,7 @@ def test_g16_g11_the_slot_owner_sigkilled_mid_run_loses_no_confirmed_job(
     enqueue was confirmed by a replica runs at least once, the workers keep
     running (same processes), nothing is left."""
     cog.configure(ENQUEUE_WAIT_REPLICAS=1, ENQUEUE_WAIT_TIMEOUT=0.5, HEARTBEAT_TTL=4, ORPHAN_THRESHOLD=8)
-    workers = [cog.start_worker(), cog.start_worker()]
-    for w in workers:
-        w.identity()
+    workers = beating_workers(cog)
     with Producer() as producer:
         wait_for(lambda: len(runs(cog)) >= 30, 20, "the run to get going")
         owner = redis_cluster.owner_of(cog.key("queues"))
@@ -170,10 +168,9 @@ def test_g16_g11_the_slot_owner_sigkilled_mid_run_loses_no_confirmed_job(
     wait_for(lambda: set(confirmed) <= set(runs(cog)), 60, "every confirmed job to run")
     wait_for(lambda: leftovers(cog) == {}, 30, "nothing left")
     assert all(w.alive() for w in workers)
-    logs = "".join(w.log() for w in workers)
     # The node's death is an outage (connection errors, CLUSTERDOWN, MOVED
     # while the slot moves), never an error of ours nor a broken queue.
-    assert "fetch failed" not in logs and "heartbeat failed" not in logs and "cannot be read" not in logs
+    assert_only_outages("".join(w.log() for w in workers))
     with redis.Redis(port=new_owner) as node:
         assert node.script_exists(script("heartbeat").sha) == [True], "the worker loaded its scripts again"
     print(

@@ -22,7 +22,7 @@ import redis
 from django_cogworker import connection, errors
 from django_cogworker.connection import get_keys, get_redis
 from testproject.testapp import jobs
-from tests.conftest import CogEnv, client_for, wait_for
+from tests.conftest import CogEnv, Worker, client_for, wait_for
 from tests.test_guarantees import leftovers, runs
 from tests.topology import SentinelGroup, sentinel_group  # noqa: F401
 
@@ -63,6 +63,20 @@ class Producer:
         self.thread.join(30)
 
 
+def beating_workers(cog: CogEnv, count: int = 2) -> list[Worker]:
+    """``count`` workers started, each registered by its first beat."""
+    workers = [cog.start_worker() for _ in range(count)]
+    for worker in workers:
+        worker.identity()
+    return workers
+
+
+def assert_only_outages(logs: str) -> None:
+    """A failover is an outage in the workers' logs: no error of ours, no
+    queue taken for broken (a job's own write may fail; it is retried)."""
+    assert "fetch failed" not in logs and "heartbeat failed" not in logs and "cannot be read" not in logs
+
+
 def first_run_after(cog: CogEnv, moment: float) -> float:
     """Seconds from ``moment`` (epoch) to the first job that finished after it."""
     times = sorted(n["at"] for n in cog.notes() if n["at"] > moment)
@@ -99,9 +113,7 @@ def test_g15_planned_failover_then_sigkill_of_the_new_master_loses_no_confirmed_
     runs, the same processes keep working, nothing is left, and no process
     is taken for dead (the thresholds are short next to the failover)."""
     cog.configure(ENQUEUE_WAIT_REPLICAS=1, ENQUEUE_WAIT_TIMEOUT=0.5, HEARTBEAT_TTL=2, ORPHAN_THRESHOLD=6)
-    workers = [cog.start_worker(), cog.start_worker()]
-    for w in workers:
-        w.identity()
+    workers = beating_workers(cog)
     with Producer() as producer:
         wait_for(lambda: len(runs(cog)) >= 40, 20, "the run to get going")
         planned_at = time.time()
@@ -119,9 +131,7 @@ def test_g15_planned_failover_then_sigkill_of_the_new_master_loses_no_confirmed_
     assert all(w.alive() for w in workers), "the workers rode out both failovers"
     logs = "".join(w.log() for w in workers)
     assert not re.search(r"requeued [1-9]", logs), "no process was taken for dead"
-    # Outages, not errors of ours (a job's own write to Redis may fail: the
-    # test's jobs and error handler use it; they are retried).
-    assert "fetch failed" not in logs and "heartbeat failed" not in logs and "cannot be read" not in logs
+    assert_only_outages(logs)
     ran = runs(cog)
     lost_unconfirmed = [j for j in producer.unconfirmed if j not in ran]
     print(
@@ -370,9 +380,7 @@ def test_g17_redis_shut_down_and_restarted_under_load_loses_nothing(cog: CogEnv,
     acknowledged runs; the workers resume on their own, logging the outage
     once each."""
     server = own_redis(appendonly=True)
-    workers = [cog.start_worker(), cog.start_worker()]
-    for w in workers:
-        w.identity()
+    workers = beating_workers(cog)
     with Producer(0.02) as producer:
         wait_for(lambda: len(runs(cog)) >= 40, 20, "the run to get going")
         server.stop(signal.SIGTERM)
