@@ -9,6 +9,7 @@ class CogworkerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_cogworker import checks, registry  # noqa: F401  (registers the checks)
+        from django_cogworker import checks, logs, registry  # noqa: F401  (registers the checks)
 
+        logs.install_filter()
         registry.autodiscover()

@@ -99,6 +99,7 @@ def execute(
         # call, and learns how the run ended before the outcome is written:
         # locks are released on success and terminal failure, kept on retry.
         run = middleware.server_chain().start(payload)
+        began = time.monotonic()
         try:
             run.before()
             job.func(*payload.get("args", []), **payload.get("kwargs", {}))
@@ -110,9 +111,11 @@ def execute(
             # helpers run jobs there) still stops the caller.
             if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
                 raise
-            outcome = failure(payload, exc, config, job)
+            outcome = failure(payload, exc, config, job, time.monotonic() - began)
             run.after(_result(outcome, exc))
         else:
+            if logger.isEnabledFor(logging.INFO):
+                logger.info("jid=%s %s done in %.3fs", jid, job.name, time.monotonic() - began)
             outcome = Outcome(ACK, jid=jid)
             run.after(_SUCCESS)
     finally:
@@ -133,34 +136,29 @@ def _result(outcome: Outcome, exc: BaseException) -> middleware.Result:
     return middleware.Result(middleware.DROPPED, exc)
 
 
-def failure(payload: Payload, exc: BaseException, config: Config, job: Any) -> Outcome:
+def failure(payload: Payload, exc: BaseException, config: Config, job: Any, took_s: float) -> Outcome:
+    """The outcome of a failed run, and its one WARNING line: the job, its
+    jid, the exception's class and message, what happens next."""
     now = time.time()
     failed = retry.with_failure(payload, exc, now)
     count = failed["retry_count"]
+    jid = failed.get("jid", "")
     call_error_handlers(exc, failed, config)
+    what = f"failed ({failed['error_class']}: {failed['error_message'][:500]}) after {took_s:.3f}s"
     if count < retry.max_retries(failed, config.default_retry):
         delay = retry.backoff_s(count, exc, job)
-        logger.info(
-            "jid=%s %s failed (%s); retry %d in %.1fs",
-            failed.get("jid"),
-            failed["job"],
-            failed["error_class"],
-            count + 1,
-            delay,
-        )
-        return Outcome(RETRY, failed, now + delay, failed=True, jid=failed.get("jid", ""))
+        logger.warning("jid=%s %s %s; retry %d in %.1fs", jid, failed["job"], what, count + 1, delay)
+        return Outcome(RETRY, failed, now + delay, failed=True, jid=jid)
     if job is not None and job.on_exhausted is not None:
         try:
             job.on_exhausted(failed, exc)
         except Exception:
             logger.exception("on_exhausted of job %s failed", failed["job"])
     if failed.get("dead", True) is False:
-        logger.warning(
-            "jid=%s %s exhausted its retries; dropped (dead=False)", failed.get("jid"), failed["job"]
-        )
-        return Outcome(ACK, failed=True, jid=failed.get("jid", ""))
-    logger.warning("jid=%s %s exhausted its retries; moved to dead", failed.get("jid"), failed["job"])
-    return Outcome(DEAD, failed, now, failed=True, jid=failed.get("jid", ""))
+        logger.warning("jid=%s %s %s; exhausted its retries; dropped (dead=False)", jid, failed["job"], what)
+        return Outcome(ACK, failed=True, jid=jid)
+    logger.warning("jid=%s %s %s; exhausted its retries; moved to dead", jid, failed["job"], what)
+    return Outcome(DEAD, failed, now, failed=True, jid=jid)
 
 
 def call_error_handlers(exc: BaseException, payload: Payload, config: Config) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from django_cogworker.connection import follow_master
 from django_cogworker.payload import summary
 from django_cogworker.scripts import script
-from django_cogworker.stats import DAILY_STATS_TTL_S, stat_keys, today
+from django_cogworker.stats import DAILY_STATS_TTL_S, MINUTE_STATS_TTL_S, stat_keys
 
 if TYPE_CHECKING:
     from django_cogworker.launcher import Launcher
@@ -87,6 +87,7 @@ class Heartbeat:
             failed,
             "1" if m.reliable else "0",
             DAILY_STATS_TTL_S,
+            MINUTE_STATS_TTL_S,
             len(fields),
         ]
         for name, value in fields.items():
@@ -102,7 +103,7 @@ class Heartbeat:
                     k.inprogress_identities,
                     k.workers(m.identity),
                     k.signals(m.identity),
-                    *stat_keys(k, today()),
+                    *stat_keys(k),
                     k.beats,
                 ],
                 args,

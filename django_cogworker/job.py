@@ -16,7 +16,7 @@ from typing import Any, Literal, overload
 
 from django_cogworker import client, registry
 from django_cogworker.conf import DEFAULT_QUEUE
-from django_cogworker.payload import Payload, check_arguments, new_jid
+from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid
 
 RetryIn = Callable[[int, BaseException], float | int | None]
 OnExhausted = Callable[[Payload, BaseException], Any]
@@ -121,8 +121,10 @@ class Job:
         self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None
     ) -> Payload:
         """:meth:`payload` for a call that ``.delay()`` and friends make:
-        JSON arguments that the function also accepts."""
+        JSON arguments that arrive as they were passed, and that the
+        function accepts."""
         payload = self.payload(args, kwargs, now)
+        check_shape(self.name, args, kwargs)
         self.check_call(args, kwargs)
         return payload
 

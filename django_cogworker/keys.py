@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import functools
 
+#: The minute in a per-minute counter's name (UTC): ``2026-03-14T09:05``.
+MINUTE_FORMAT = "%Y-%m-%dT%H:%M"
+
 
 class Keys:
     def __init__(self, namespace: str) -> None:
@@ -67,6 +70,13 @@ class Keys:
 
     def stat_failed_on(self, day: str) -> str:
         return f"{self.stat_failed}:{day}"
+
+    def stat_processed_minute(self, minute: str) -> str:
+        """The per-minute counter of ``minute`` (``MINUTE_FORMAT``, UTC)."""
+        return f"{self.stat_processed}:minute:{minute}"
+
+    def stat_failed_minute(self, minute: str) -> str:
+        return f"{self.stat_failed}:minute:{minute}"
 
     def unique(self, digest: str) -> str:
         return self.unique_prefix + digest

@@ -99,6 +99,19 @@ class Launcher:
             self.manager.fetch_mode,  # --fetch may override the setting
             connection.describe(self.config),  # never the password
         )
+        c = self.config
+        logger.debug(
+            "cogworker %s timings: heartbeat every %gs (ttl %gs), orphan threshold %gs, orphan check "
+            "every %gs, max orphanings %d, poll every %gs, shutdown timeout %gs",
+            self.identity,
+            c.heartbeat_interval_s,
+            c.heartbeat_ttl_s,
+            c.orphan_threshold_s,
+            c.orphan_check_interval_s,
+            c.max_orphanings,
+            c.poll_interval_s,
+            self.manager.shutdown_timeout_s,
+        )
         # Built before the first fetch: a middleware path that cannot be
         # imported stops the process here instead of failing every job.
         middleware.client_chain()

@@ -70,6 +70,21 @@ def check_arguments(job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) 
         _check_one(job_name, f"argument {key!r}", value)
 
 
+def check_shape(job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Raises TypeError naming the first argument that JSON would hand the
+    job changed: a tuple (a list then), a dict key that is not a string.
+    For ``@job``'s ``.delay()``; Django's Tasks define tuples to arrive as
+    lists, so their backend does not call it."""
+    named = [(f"positional argument {i}", v) for i, v in enumerate(args)]
+    for what, value in [*named, *((f"argument {k!r}", v) for k, v in kwargs.items())]:
+        problem = "" if isinstance(value, _SCALARS) else _changes_shape(value)
+        if problem:
+            raise TypeError(
+                f"{what} of job {job_name!r} {problem}, so the job would not receive what was passed; "
+                "pass lists and dicts with string keys. Nothing was enqueued."
+            )
+
+
 def _check_one(job_name: str, what: str, value: Any) -> None:
     try:
         encoded = _encoder.encode(value)
@@ -87,6 +102,37 @@ def _check_one(job_name: str, what: str, value: Any) -> None:
             f"{what} of job {job_name!r} is nested too deeply ({MAX_ARGUMENT_DEPTH} levels of lists and "
             "objects at most, so that every worker can read it); pass a flatter value"
         ) from None
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _changes_shape(value: Any) -> str:
+    """What JSON would silently change in ``value``: a tuple comes back as
+    a list, a dict's int key as a string (``{1: "a"}`` as ``{"1": "a"}``).
+    "" when nothing. A loop: the value may be deep."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            return f"contains a tuple {_short(item)}, which JSON turns into a list"
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return (
+                        f"contains a dict key {key!r} ({type(key).__name__}), which JSON turns into "
+                        f"the string {_encoder.encode({key: 0})[1:-3]}"
+                    )
+                if not isinstance(child, _SCALARS):
+                    stack.append(child)
+        elif isinstance(item, list):
+            stack.extend(child for child in item if not isinstance(child, _SCALARS))
+    return ""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _brackets(data: bytes | str) -> int:

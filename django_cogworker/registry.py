@@ -70,7 +70,8 @@ def not_registered_message(name: str) -> str:
     return (
         f"job {name!r} is not registered in this worker: no @job with that name was found in the "
         f"{modules} of any installed app when the worker started. If the job was added or renamed "
-        "since, restart the worker, then retry this job from the Dead page of the admin."
+        "since, restart the worker (in development, run it with --reload), then retry this job from the "
+        "Dead page of the admin."
     )
 
 

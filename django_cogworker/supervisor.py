@@ -7,13 +7,14 @@ or quiet; on TERM/INT send SIGTERM to every child alive while it stops, the
 ones spawned in a race included, and exit 0 once every child has exited;
 SIGKILL a child still alive ``KILL_MARGIN_S`` after its ``SHUTDOWN_TIMEOUT``
 (orphan recovery then returns its jobs); forward TSTP/TTIN to every live
-child.
+child. Under ``--reload`` (``reloader.py``), restart every child when a
+Python file changes: SIGTERM, as for a stop, and a new child as soon as the
+old one has exited.
 
 The signal handlers only record the signal. The main loop does all the
-work and never sleeps blindly: it waits on the wakeup fd of the signal
-module (TERM, INT, TSTP, TTIN and CHLD all write to it), so it wakes at
-once for a signal or a child's death. That closes the race in which a stop
-arriving during the restart pause spawned a child that never got SIGTERM.
+work and never sleeps blindly: it waits on the signal module's wakeup fd,
+so it wakes at once for a signal or a child's death (no race in which a
+stop during the restart pause spawns a child that never gets SIGTERM).
 
 Duty of the child side (``watch_supervisor``): stop gracefully when the
 supervisor is gone, even SIGKILLed. The supervisor holds the write end of
@@ -39,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from django_cogworker import threads
 from django_cogworker.launcher import BACKGROUND_STOP_TIMEOUT_S
@@ -49,13 +51,11 @@ logger = logging.getLogger("django_cogworker")
 #: crashes at boot does not spin.
 RESTART_PAUSE_S = 1.0
 
-#: How long after SHUTDOWN_TIMEOUT a child that was sent SIGTERM may take to
-#: exit before it is SIGKILLed: its stop waits up to BACKGROUND_STOP_TIMEOUT_S
-#: for its background threads after the running jobs, then deregisters.
+#: How long after SHUTDOWN_TIMEOUT a child sent SIGTERM may take to exit before
+#: it is SIGKILLed: it waits for its background threads, then deregisters.
 KILL_MARGIN_S = BACKGROUND_STOP_TIMEOUT_S + 5.0
 
-#: The longest the main loop waits without looking at its children: a safety
-#: net only, as signals and child deaths wake it at once.
+#: The longest the main loop waits without looking at its children (a safety net).
 MAX_WAIT_S = 1.0
 
 #: Environment variables that give a child the read end of the supervisor's
@@ -68,6 +68,9 @@ FORWARDED = (signal.SIGTSTP, signal.SIGTTIN)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
+#: Put in the queue of received signals by the reload watcher.
+RELOAD = -1
+
 
 @dataclass
 class Child:
@@ -76,11 +79,16 @@ class Child:
     #: Monotonic time at which it was sent SIGTERM, if it was.
     terminated_at: float | None = None
     killed: bool = False
+    #: Sent SIGTERM because code changed: restart it at once.
+    reloading: bool = False
 
 
 class Supervisor:
-    def __init__(self, processes: int, child_args: list[str], shutdown_timeout_s: float) -> None:
+    def __init__(
+        self, processes: int, child_args: list[str], shutdown_timeout_s: float, *, reload: bool = False
+    ) -> None:
         self.processes = processes
+        self.reload = reload
         self.child_args = child_args
         self.kill_after_s = shutdown_timeout_s + KILL_MARGIN_S
         self.children: list[Child | None] = [None] * processes
@@ -89,6 +97,7 @@ class Supervisor:
         self.received: collections.deque[int] = collections.deque()
         self.stopping = False
         self.quiet = False
+        self.changed: Path | None = None
         self.prctl = _load_prctl()
 
     # -- children ------------------------------------------------------------------
@@ -146,6 +155,10 @@ class Supervisor:
         signals = (*STOP_SIGNALS, *FORWARDED, signal.SIGCHLD)
         previous = {signum: signal.signal(signum, self.record) for signum in signals}
         previous_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        if self.reload:
+            from django_cogworker.reloader import watch_code
+
+            watch_code(lambda path: self.code_changed(path, wake_w))
         try:
             now = time.monotonic()
             self.start_at = dict.fromkeys(range(self.processes), now)
@@ -159,6 +172,7 @@ class Supervisor:
                         logger.info("supervisor: every worker has exited")
                         return 0
                 else:
+                    self.kill_overdue()
                     self.start_due(watch_r)
                 self.wait(wake_r)
         finally:
@@ -171,6 +185,13 @@ class Supervisor:
     def record(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
 
+    def code_changed(self, path: Path, wake_fd: int) -> None:
+        """From the reload watcher's thread: queue a reload, wake the loop."""
+        self.changed = path
+        self.received.append(RELOAD)
+        with contextlib.suppress(BlockingIOError):  # full: the loop wakes anyway
+            os.write(wake_fd, b"r")
+
     def take_signals(self) -> None:
         while self.received:
             signum = self.received.popleft()
@@ -179,6 +200,8 @@ class Supervisor:
                     logger.info("supervisor: %s; stopping every worker", signal.Signals(signum).name)
                     self.stopping = True
                     self.start_at.clear()
+            elif signum == RELOAD:
+                self.restart_for_reload()
             elif signum in FORWARDED:
                 if signum == signal.SIGTSTP:
                     # A child started from now on would fetch again.
@@ -186,6 +209,17 @@ class Supervisor:
                     self.start_at.clear()
                 for child in self.live():
                     self.send(child, signum)
+
+    def restart_for_reload(self) -> None:
+        if self.stopping:
+            return
+        logger.info("supervisor: %s changed; restarting the workers", self.changed)
+        for child in self.live():
+            child.reloading = child.reloading or child.terminated_at is None
+            self.stop_child(child)
+        if not self.quiet:
+            # A slot waiting out its restart pause starts with the new code at once.
+            self.start_at = dict.fromkeys(self.start_at, time.monotonic())
 
     def reap(self) -> None:
         now = time.monotonic()
@@ -202,6 +236,9 @@ class Supervisor:
                 logger.warning("supervisor: %s was killed", name)
             elif self.stopping and clean:
                 logger.info("supervisor: %s stopped", name)
+            elif child.reloading and not self.stopping and not self.quiet:
+                logger.info("supervisor: %s stopped for the reload; starting a new one", name)
+                self.start_at[child.index] = now
             elif self.stopping:
                 logger.warning("supervisor: %s %s during the stop", name, describe(code))
             elif self.quiet:
@@ -221,12 +258,15 @@ class Supervisor:
 
     def terminate(self) -> None:
         for child in self.live():
-            if child.terminated_at is None:
-                self.send(child, signal.SIGTERM)
-                # A child suspended (SIGSTOP, a debugger) would not act on
-                # SIGTERM until it is continued.
-                self.send(child, signal.SIGCONT)
-                child.terminated_at = time.monotonic()
+            self.stop_child(child)
+
+    def stop_child(self, child: Child) -> None:
+        if child.terminated_at is None:
+            self.send(child, signal.SIGTERM)
+            # A child suspended (SIGSTOP, a debugger) would not act on
+            # SIGTERM until it is continued.
+            self.send(child, signal.SIGCONT)
+            child.terminated_at = time.monotonic()
 
     def kill_overdue(self) -> None:
         now = time.monotonic()
@@ -245,8 +285,7 @@ class Supervisor:
                 child.killed = True
 
     def send(self, child: Child, signum: int) -> None:
-        # Popen.send_signal does nothing once the child has been reaped, so
-        # a recycled pid is never signalled.
+        # Does nothing once the child is reaped: a recycled pid is never signalled.
         with contextlib.suppress(ProcessLookupError):
             child.proc.send_signal(signum)
 

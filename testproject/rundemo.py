@@ -4,9 +4,13 @@
 ``python testproject/rundemo.py`` (``make demo`` runs it in the project's virtual
 environment). With ``COGWORKER_REDIS_URL`` unset it starts the embedded Redis
 server and stops it again at the end. It migrates the SQLite database, makes
-sure the superuser ``admin`` / ``admin`` exists, starts ``runserver`` and
-``cogworker``, and waits for Ctrl-C, SIGTERM, or either of them to exit; then
-it stops both (SIGTERM, then SIGKILL after a grace period).
+sure the superuser ``admin`` / ``admin`` exists, puts one scheduled job (so
+that the admin's Scheduled page has something to show), starts ``runserver``
+and ``cogworker --reload``, and waits for Ctrl-C, SIGTERM, or either of them
+to exit; then it stops both (SIGTERM, then SIGKILL after a grace period).
+
+Every command runs with the demo's settings, ``testproject.demo.settings``:
+the test project's, without the test suite's jobs and with a periodic entry.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from types import FrameType
 PROJECT_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROJECT_DIR.parent
 MANAGE = [sys.executable, str(PROJECT_DIR / "manage.py")]
+SETTINGS_MODULE = "testproject.demo.settings"
 
 HOST, PORT = "127.0.0.1", 8000
 URL = f"http://{HOST}:{PORT}/"
@@ -32,6 +37,7 @@ ADMIN_USER = ADMIN_PASSWORD = "admin"
 SETUP_TIMEOUT = 120.0  # one management command (migrate, embedded start/stop, ...)
 STOP_TIMEOUT = 30.0  # SIGTERM to SIGKILL; the worker needs SHUTDOWN_TIMEOUT (25 s)
 STARTUP_WAIT = 30.0  # for the web server to accept connections
+SCHEDULED_AT_START = 120  # seconds ahead of the job put in the scheduled set at start
 
 ENSURE_ADMIN = f"""
 from django.contrib.auth import get_user_model
@@ -41,6 +47,19 @@ user.is_staff = user.is_superuser = user.is_active = True
 user.set_password({ADMIN_PASSWORD!r})
 user.save()
 print("[demo] superuser 'admin' " + ("created" if created else "exists: password reset to 'admin'"))
+"""
+
+# Redis not answering is only a warning here: the worker and the site say more.
+SCHEDULE_ONE = f"""
+import redis
+from django_cogworker.errors import CogworkerError
+from testproject.demo.views import schedule_note
+try:
+    jid = schedule_note({SCHEDULED_AT_START})
+except (CogworkerError, redis.RedisError) as exc:
+    print(f"[demo] could not put a scheduled job: {{exc}}")
+else:
+    print(f"[demo] scheduled job {{jid}}: due in {SCHEDULED_AT_START} s (admin: Scheduled)")
 """
 
 
@@ -111,14 +130,24 @@ def start(name: str, *args: str) -> subprocess.Popen[bytes]:
 
 
 def wait_or_kill(name: str, process: subprocess.Popen[bytes], deadline: float) -> None:
-    """Wait for a child told to stop until ``deadline``, then SIGKILL it."""
+    """Wait for a child told to stop (SIGTERM) until ``deadline``, then SIGKILL it.
+
+    Exiting 0 or by that SIGTERM is a normal stop (``runserver`` has no
+    handler: the signal ends it); the SIGKILL sent here is reported as such;
+    any other status is reported as it is."""
     try:
         process.wait(timeout=max(deadline - time.monotonic(), 0.1))
     except subprocess.TimeoutExpired:
         log(f"{name} did not stop within {STOP_TIMEOUT:.0f} s: SIGKILL")
         process.kill()
         process.wait(timeout=10)
-    log(f"{name} exited with status {process.returncode}")
+        if process.returncode == -signal.SIGKILL:
+            log(f"{name} killed")
+            return
+    if process.returncode in (0, -signal.SIGTERM):
+        log(f"{name} stopped")
+    else:
+        log(f"{name} exited with status {process.returncode}")
 
 
 def wait_for_port(host: str, port: int, timeout: float, *watch: subprocess.Popen[bytes]) -> bool:
@@ -137,9 +166,12 @@ def wait_for_port(host: str, port: int, timeout: float, *watch: subprocess.Popen
 def main() -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    # Inherited by every command run from here on.
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     embedded = not os.environ.get("COGWORKER_REDIS_URL")
     embedded_started = False
     children: dict[str, subprocess.Popen[bytes]] = {}
+    exited: set[str] = set()  # children that stopped by themselves, already reported
     status = 0
     try:
         if embedded and embedded_redis_running():
@@ -151,9 +183,10 @@ def main() -> int:
         else:
             log(f"Redis: {os.environ['COGWORKER_REDIS_URL']}")
         manage("migrate", "--noinput", "--verbosity", "1")
-        manage("shell", "--no-imports", "--command", ENSURE_ADMIN)
+        manage("shell", "--no-imports", "--command", ENSURE_ADMIN + SCHEDULE_ONE)
+        log("the worker restarts when a Python file changes (cogworker --reload)")
         children["web server"] = start("web server", "runserver", f"{HOST}:{PORT}", "--noreload")
-        children["worker"] = start("worker", "cogworker")
+        children["worker"] = start("worker", "cogworker", "--reload")
         if not wait_for_port(HOST, PORT, STARTUP_WAIT, *children.values()):
             log(f"the web server is not answering on {HOST}:{PORT} yet")
         log(f"demo site: {URL}   admin: {URL}admin/   login: {ADMIN_USER} / {ADMIN_PASSWORD}")
@@ -162,6 +195,7 @@ def main() -> int:
             for name, process in children.items():
                 if process.poll() is not None:
                     log(f"{name} exited with status {process.returncode}")
+                    exited.add(name)
                     status = 1
                     raise Stop(name)
             time.sleep(0.5)
@@ -178,11 +212,16 @@ def main() -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         deadline = time.monotonic() + STOP_TIMEOUT
+        stopping: dict[str, subprocess.Popen[bytes]] = {}
         for name, process in children.items():
             if process.poll() is None:
                 log(f"stopping {name} (pid {process.pid})")
                 process.send_signal(signal.SIGTERM)
-        for name, process in children.items():
+                stopping[name] = process
+            elif name not in exited:  # exited by itself meanwhile, not reported yet
+                log(f"{name} exited with status {process.returncode}")
+                status = status or 1
+        for name, process in stopping.items():
             wait_or_kill(name, process, deadline)
         if embedded_started:
             log("stopping the embedded Redis server")

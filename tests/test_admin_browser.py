@@ -323,8 +323,9 @@ def check_pages(cog, worker, url: str, page: Any) -> None:
 
     # The other pages.
     page.goto(f"{url}{BASE}dashboard/")
-    page.wait_for_selector("svg.cog-chart rect.processed")
+    page.wait_for_selector("#cog-history svg.cog-chart rect.processed")
     assert page.locator("svg.cog-chart rect.day").count() == 30
+    assert page.locator("#cog-last-hour svg.cog-chart rect.minute").count() == 60
     page.click("#cog-refresh-toggle")  # pause the auto-refresh, so the shots are steady
     assert page.locator("#cog-refresh-toggle").inner_text() == "Resume"
     page.reload()

@@ -422,6 +422,46 @@ def test_redis_down_at_delay_raises_redis_unavailable_and_writes_nothing(cog):
     assert namespace_keys(cog) == []
 
 
+def test_redis_down_at_commit_raises_after_the_commit_and_pushes_nothing(cog, transactional_db):
+    """What docs/getting-started.md's checkout view relies on: the data is
+    saved, the push raises from the end of the atomic block, and the view
+    can tell the job apart from a failed save."""
+    from django.contrib.auth.models import User
+
+    live_url = cog.settings.COGWORKER["REDIS_URL"]
+    cog.settings.COGWORKER = {**cog.settings.COGWORKER, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    unavailable = pytest.raises(RedisUnavailable, match="could not enqueue: Redis is unreachable")
+    with unavailable, transaction.atomic():
+        user = User.objects.create(username="paid-while-redis-was-down")
+        jid = jobs.record.delay(user.pk)  # returned at once: the push waits for the commit
+        assert re.fullmatch(r"[0-9a-f]{24}", jid)
+    assert User.objects.filter(username="paid-while-redis-was-down").exists()
+    cog.settings.COGWORKER = {**cog.settings.COGWORKER, "REDIS_URL": live_url}
+    assert namespace_keys(cog) == []
+
+
+def test_tuples_and_non_string_keys_are_refused_as_json_would_change_them(cog):
+    cases = [
+        ((1, 2), "contains a tuple (1, 2), which JSON turns into a list"),
+        ({1: "a"}, 'contains a dict key 1 (int), which JSON turns into the string "1"'),
+        ([{"x": (1,)}], "contains a tuple (1,), which JSON turns into a list"),
+        ({True: 1}, 'contains a dict key True (bool), which JSON turns into the string "true"'),
+    ]
+    for value, expected in cases:
+        with pytest.raises(TypeError) as info:
+            jobs.record.delay(value)
+        assert str(info.value).startswith(f"positional argument 0 of job {RECORD!r} {expected}")
+        assert str(info.value).endswith("Nothing was enqueued.")
+    with pytest.raises(TypeError, match="argument 'tag' of job"):
+        jobs.record.delay(tag={"k": (1,)})
+    with pytest.raises(TypeError, match="contains a tuple"):
+        jobs.record.delay_many([((1,), {}), (([1, (2,)],), {})])
+    assert namespace_keys(cog) == []
+    # The call's own argument tuple and plain lists/dicts are fine.
+    fine = [((1,), {}), (([1, [2]],), {}), ((), {"tag": {"a": {"b": None}}})]
+    assert len(jobs.record.delay_many(fine)) == 3
+
+
 def test_set_refuses_functions_that_cannot_travel_in_a_payload():
     with pytest.raises(TypeError, match="retry_in cannot be set per call"):
         jobs.record.set(retry_in=lambda count, exc: 1)

@@ -529,7 +529,8 @@ def test_several_processes_enqueue_each_slot_exactly_once(cog, capsys):
     entry = {"cron": "* * * * * *", "job": RECORD, "args": ["tick"]}
     pjid = periodic.parse_setting(entry).pjid
     cog.configure(PERIODIC=[entry], MIDDLEWARE=NOTE_RUNS)
-    workers = [cog.start_worker() for _ in range(3)]
+    # Each slot's enqueue is logged at DEBUG.
+    workers = [cog.start_worker(env={"COGWORKER_LOG_LEVEL": "DEBUG"}) for _ in range(3)]
     for worker in workers:
         worker.identity()
     # The tickers start right after each process's first beat: count from the next slots.

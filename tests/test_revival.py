@@ -95,7 +95,7 @@ def test_g18_a_late_failure_of_a_revived_process_is_not_filed(cog):
     finally:
         a.signal(signal.SIGCONT)
     go(cog, a)
-    wait_for(lambda: "wait_for_go failed (ValueError)" in a.log(), 10, "A's late run to fail")
+    wait_for(lambda: "wait_for_go failed (ValueError" in a.log(), 10, "A's late run to fail")
     assert r.llen(a_list) == 0
     time.sleep(0.5)
     assert r.zcard(k.retry) == 0 and r.zcard(k.dead) == 0, "the late failure was filed"

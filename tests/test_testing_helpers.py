@@ -77,14 +77,20 @@ def test_inline_runs_delay_at_once_and_records_each_outcome(cog):
 
 def test_inline_passes_arguments_through_json_and_sets_the_context(cog):
     with testing.inline() as result:
-        jid = capture.delay((1, 2), {"k": (3,)}, flag=True)
+        jid = capture.delay([1, 2], {"k": [3.5]}, flag=True)
         many = capture.delay_many([((1,), {}), ((), {"x": 2})])
     assert [o.kind for o in result.outcomes] == [execution.ACK] * 3
-    assert [s[:2] for s in seen] == [([[1, 2], {"k": [3]}], {"flag": True}), ([1], {}), ([], {"x": 2})]
+    assert [s[:2] for s in seen] == [([[1, 2], {"k": [3.5]}], {"flag": True}), ([1], {}), ([], {"x": 2})]
     assert [s[2] for s in seen] == [
         JobContext(jid=j, queue="mail", retry_count=0, name="tests.test_testing_helpers.capture")
         for j in [jid, *many]
     ]
+
+
+def test_inline_refuses_what_json_would_change_as_delay_does(cog):
+    with testing.inline() as result, pytest.raises(TypeError, match="contains a tuple"):
+        capture.delay((1, 2))
+    assert result.outcomes == [] and seen == []
 
 
 def test_inline_still_refuses_non_json_arguments(cog):

@@ -14,7 +14,7 @@ from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from django_cogworker import api
-from django_cogworker.admin.display import When, duration_text, job_details
+from django_cogworker.admin.display import When, duration_text, job_details, malformed_notes
 from django_cogworker.admin.helpers import (
     REFRESH_CHOICES_S,
     admin_url,
@@ -43,18 +43,23 @@ def running_url(model_admin: ModelAdmin, job: api.RunningJob) -> str | None:
     return admin_url(model_admin, "running_job", segment(job.identity), segment(job.jid))
 
 
+def running_row(model_admin: ModelAdmin, job: api.RunningJob) -> RunningRow:
+    # A start of 0 is one that could not be read (missing or malformed):
+    # not "running for 20,000 days".
+    started = job.run_at > 0
+    return RunningRow(
+        job,
+        job.args_preview,
+        When.of(job.run_at) if started else None,
+        duration_text(job.running_for_s) if started else "",
+        running_url(model_admin, job),
+    )
+
+
 def busy(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     require_view(request, model_admin)
-    running = [
-        RunningRow(
-            j,
-            j.args_preview,
-            When.of(j.run_at),
-            duration_text(j.running_for_s),
-            running_url(model_admin, j),
-        )
-        for j in api.Workers().all()
-    ]
+    workers = api.Workers().all()
+    running = [running_row(model_admin, j) for j in workers]
     ctx = context(
         request,
         model_admin,
@@ -65,6 +70,7 @@ def busy(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         refresh_choices=REFRESH_CHOICES_S,
     )
     ctx["process_rows"] = process_rows(ctx["processes"])
+    ctx["malformed_notes"] = malformed_notes(ctx["processes"].skipped, workers.skipped)
     return render(request, model_admin, "busy.html", ctx)
 
 

@@ -1,5 +1,6 @@
-"""The dashboard tab: processed/failed history chart, queue sizes and
-latency, live processes (SPEC section 7). Read only."""
+"""The dashboard tab: processed/failed charts (per minute over the last
+hour, per day over the chosen range), queue sizes and latency, live
+processes (SPEC section 7). Read only."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.http import HttpRequest, HttpResponse
 
 from django_cogworker import api
 from django_cogworker.admin import chart
+from django_cogworker.admin.display import malformed_notes
 from django_cogworker.admin.helpers import (
     REFRESH_CHOICES_S,
     context,
@@ -20,6 +22,9 @@ from django_cogworker.admin.helpers import (
 #: Day ranges offered by the dashboard's history chart.
 HISTORY_DAYS = (7, 30, 90)
 
+#: Minutes drawn by the last hour's chart.
+LAST_HOUR_MINUTES = 60
+
 
 def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     require_view(request, model_admin)
@@ -30,6 +35,7 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     if days not in HISTORY_DAYS:
         days = 30
     history = api.Stats.history(days)
+    minutes = api.Stats.per_minute(LAST_HOUR_MINUTES)
     ctx = context(
         request,
         model_admin,
@@ -40,10 +46,21 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         chart=chart.history_chart(history),
         history_processed=sum(p for _, p, _ in history),
         history_failed=sum(f for _, _, f in history),
+        minute_chart=chart.minute_chart(minutes),
+        minute_processed=sum(p for _, p, _ in minutes),
+        minute_failed=sum(f for _, _, f in minutes),
         queues=queue_rows(model_admin),
         refresh_choices=REFRESH_CHOICES_S,
     )
     ctx["process_rows"] = process_rows(ctx["processes"])
     ctx["busy"] = sum(p.busy for p in ctx["processes"])
     ctx["threads"] = sum(p.concurrency for p in ctx["processes"])
+    stats = ctx["stats"]
+    ctx["malformed_notes"] = malformed_notes(
+        stats.malformed.values(),
+        stats.skipped,
+        ctx["processes"].skipped,
+        api.Queue.all().skipped,
+        history.skipped,
+    )
     return render(request, model_admin, "dashboard.html", ctx)

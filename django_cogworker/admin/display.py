@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,8 @@ class When:
 
 def duration_text(seconds: float) -> str:
     """How long, for people: "0.4 s", "12 s", "3 min 5 s", "2 h 10 min", "3 d 4 h"."""
+    if not math.isfinite(seconds):
+        return "unknown"
     if seconds < 10:
         return f"{seconds:.1f} s"
     whole = int(seconds)
@@ -61,6 +65,13 @@ def duration_text(seconds: float) -> str:
     if whole < 86400:
         return f"{whole // 3600} h {whole % 3600 // 60} min"
     return f"{whole // 86400} d {whole % 86400 // 3600} h"
+
+
+def malformed_notes(*groups: Iterable[str]) -> list[str]:
+    """The notes on what the API found malformed in Redis and skipped or
+    read as a default (``skipped``, ``malformed`` of what it returned),
+    each once, in order: several readings of one set give the same note."""
+    return list(dict.fromkeys(note for group in groups for note in group))
 
 
 def args_text(record: api.JobRecord) -> str:

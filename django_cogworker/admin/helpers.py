@@ -32,6 +32,10 @@ from django_cogworker.errors import CogworkerError, RedisRefused, RedisUnavailab
 #: Jobs per page of a list.
 PER_PAGE = 25
 
+#: Past the end of any list Redis holds; a larger ``?p=`` (30 digits) is
+#: read as this, so that no offset overflows Redis's 64-bit integers.
+MAX_PAGE_NUMBER = 10**15
+
 #: Refresh periods offered by the dashboard and busy pages (s).
 REFRESH_CHOICES_S = (2, 5, 10, 30, 60)
 
@@ -83,10 +87,10 @@ class _OnePage(Sequence[Any]):
 
 def paginate(request: HttpRequest, fetch: Callable[[int, int], tuple[int, list[Any]]]) -> Page:
     """Page ``?p=`` of a list that ``fetch(offset, limit) -> (count, items)``
-    reads one page at a time; past the end, the last page."""
+    reads one page at a time; past the end (however many digits), the last page."""
     try:
-        number = max(1, int(request.GET.get("p", "1")))
-    except ValueError:
+        number = min(max(1, int(request.GET.get("p", "1"))), MAX_PAGE_NUMBER)
+    except ValueError:  # not a number, or more digits than Python converts
         number = 1
     count, items = fetch((number - 1) * PER_PAGE, PER_PAGE)
     last = max(1, -(-count // PER_PAGE))

@@ -10,7 +10,7 @@ from django.contrib.admin import ModelAdmin
 from django.http import HttpRequest, HttpResponse
 
 from django_cogworker import api
-from django_cogworker.admin.display import When, json_line
+from django_cogworker.admin.display import When, json_line, malformed_notes
 from django_cogworker.admin.helpers import context, render, require_view
 
 
@@ -26,7 +26,7 @@ class PeriodicRow:
     running: bool
 
 
-def periodic_rows() -> list[PeriodicRow]:
+def periodic_rows(entries: list[api.PeriodicEntry]) -> list[PeriodicRow]:
     return [
         PeriodicRow(
             name=entry.job,
@@ -38,11 +38,19 @@ def periodic_rows() -> list[PeriodicRow]:
             last_run=None if entry.last_run is None else When.of(entry.last_run.timestamp()),
             running=entry.running,
         )
-        for entry in api.PeriodicEntries().all()
+        for entry in entries
     ]
 
 
 def periodic(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     require_view(request, model_admin)
-    ctx = context(request, model_admin, title="Periodic jobs", tab="periodic", entries=periodic_rows())
+    entries = api.PeriodicEntries().all()
+    ctx = context(
+        request,
+        model_admin,
+        title="Periodic jobs",
+        tab="periodic",
+        entries=periodic_rows(entries),
+        malformed_notes=malformed_notes(entries.skipped),
+    )
     return render(request, model_admin, "periodic.html", ctx)

@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.views.decorators.http import require_POST
 
 from django_cogworker import api
-from django_cogworker.admin.display import When, args_text, duration_text
+from django_cogworker.admin.display import When, args_text, duration_text, malformed_notes
 from django_cogworker.admin.helpers import (
     admin_url,
     context,
@@ -25,11 +25,13 @@ from django_cogworker.admin.helpers import (
     segment,
     unsegment,
 )
+from django_cogworker.errors import RedisRefused
 
 
 def queues(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     require_view(request, model_admin)
     ctx = context(request, model_admin, title="Queues", tab="queues", queues=queue_rows(model_admin))
+    ctx["malformed_notes"] = malformed_notes(ctx["stats"].skipped, api.Queue.all().skipped)
     return render(request, model_admin, "queues.html", ctx)
 
 
@@ -60,6 +62,7 @@ def queue(request: HttpRequest, model_admin: ModelAdmin, name: str) -> HttpRespo
         action_url=admin_url(model_admin, "queue_action", segment(the_queue.name)),
         clear_url=admin_url(model_admin, "queue_clear", segment(the_queue.name)),
     )
+    ctx["malformed_notes"] = malformed_notes(ctx["stats"].skipped, api.Queue.all().skipped)
     return render(request, model_admin, "queue.html", ctx)
 
 
@@ -68,14 +71,20 @@ def queue_action(request: HttpRequest, model_admin: ModelAdmin, name: str) -> Ht
     require_change(request, model_admin)
     the_queue = api.Queue(unsegment(name))
     action = request.POST.get("action")
-    if action == "pause":
-        the_queue.pause()
-        messages.success(request, f"Queue {the_queue.name} paused: workers fetch nothing from it.")
-    elif action == "unpause":
-        the_queue.unpause()
-        messages.success(request, f"Queue {the_queue.name} unpaused.")
-    else:
+    if action not in ("pause", "unpause"):
         messages.error(request, "Unknown queue action.")
+        return HttpResponseRedirect(admin_url(model_admin, "queues"))
+    try:
+        if action == "pause":
+            the_queue.pause()
+        else:
+            the_queue.unpause()
+    except RedisRefused as exc:
+        # N:paused of the wrong type: say why, on the page that notes it.
+        messages.error(request, f"Could not {action} queue {the_queue.name}: {exc}")
+    else:
+        done = "paused: workers fetch nothing from it." if action == "pause" else "unpaused."
+        messages.success(request, f"Queue {the_queue.name} {done}")
     return HttpResponseRedirect(admin_url(model_admin, "queues"))
 
 

@@ -16,7 +16,7 @@ never comes whole into Python to show 25.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
@@ -40,6 +40,7 @@ from django_cogworker.admin.helpers import (
     segment,
     unsegment,
 )
+from django_cogworker.api.scan import last_page_offset
 
 #: Jobs listed on a confirmation page (the count says how many in all).
 CONFIRM_SAMPLE = 10
@@ -110,6 +111,11 @@ class Filters:
     name: str
     queue: str
     search: str
+    #: Pages read in this request, by (set, offset, limit): past the end the
+    #: paginator asks again for the last page, which the same scan read.
+    _pages: dict[tuple[str, int, int], tuple[int, list[api.JobRecord]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, query: Any) -> Filters:
@@ -127,13 +133,21 @@ class Filters:
         return jobs.filter(name=self.name or None, queue=self.queue or None, search=self.search or None)
 
     def page(self, jobs: api.JobSet, offset: int, limit: int) -> tuple[int, list[api.JobRecord]]:
-        return jobs.filter_page(
+        """(how many match, the page at ``offset`` or past the end the last), from one scan."""
+        known = self._pages.get((jobs.key, offset, limit))
+        if known is not None:
+            return known
+        count, records = jobs.filter_page(
             name=self.name or None,
             queue=self.queue or None,
             search=self.search or None,
             offset=offset,
             limit=limit,
+            or_last=True,
         )
+        at = offset if offset < count else last_page_offset(count, limit)
+        self._pages[(jobs.key, at, limit)] = (count, records)
+        return count, records
 
     @property
     def query(self) -> str:
@@ -184,6 +198,7 @@ def _row(model_admin: ModelAdmin, page: SetPage, record: api.JobRecord) -> JobRo
 
 
 def _fetch(jobs: api.JobSet, filters: Filters, offset: int, limit: int) -> tuple[int, list[api.JobRecord]]:
+    """(how many, the page at ``offset``): filtered, from one scan; else ZCARD and one ZRANGE."""
     if filters.active:
         return filters.page(jobs, offset, limit)
     return jobs.size, jobs.page(offset, limit)

@@ -2,11 +2,13 @@
 
 Duties: every value comes through ``payload.parse``, so an entry that cannot
 be read (not JSON, nested thousands deep) or a malformed field of a process
-hash is a default value, never an exception (SPEC section 8); and the
-byte-level prefilters that let a large set be filtered without parsing
-every entry: ``glob_literal`` for ZSCAN's server-side pattern, then
-``quick_match``, which settles most entries from the bytes and answers None
-when unsure (then the caller parses, and decides exactly).
+hash is a default value, never an exception (SPEC section 8), and says why
+(``Fields.malformed``); a set member that is not UTF-8 or a key of the
+wrong type is skipped with a note (``Listing.skipped``), the rest read on;
+and the byte-level prefilter that lets a large set be filtered without
+parsing every entry (after ``scan``'s server-side pattern): ``quick_match``,
+which settles most entries from the bytes and answers None when unsure
+(then the caller parses, and decides exactly).
 """
 
 from __future__ import annotations
@@ -14,32 +16,22 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import redis
 
 from django_cogworker.errors import BadPayload
-from django_cogworker.payload import Payload, parse
+from django_cogworker.payload import Payload, parse, text
+
+_T = TypeVar("_T")
+
+#: Characters of a malformed value quoted in a note.
+QUOTED_CHARS = 60
 
 
 def glob_escape(value: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in value)
-
-
-def glob_literal(value: str, *, fold_case: bool = False) -> str:
-    """A glob fragment that every JSON encoding of ``value`` (inside a
-    string) matches, as a prefilter that is checked exactly afterwards. A
-    character that JSON may write escaped (a quote, backslash, slash or
-    control character, or any non-ASCII one, which another client may write
-    as ``\\uXXXX``) becomes ``*``; byte-wise globbing could not bracket a
-    multi-byte character anyway."""
-    parts = []
-    for c in value:
-        if fold_case and c.isascii() and c.isalpha():
-            parts.append(f"[{c.lower()}{c.upper()}]")
-        elif not c.isascii() or c in '"\\/' or ord(c) < 0x20:
-            parts.append("*")
-        else:
-            parts.append(glob_escape(c))
-    return "".join(parts)
 
 
 def loads_object(raw: bytes | str) -> Payload | None:
@@ -51,23 +43,135 @@ def loads_object(raw: bytes | str) -> Payload | None:
     return value if isinstance(value, dict) else None
 
 
+def checked_json(raw: str | bytes, default: Any) -> tuple[Any, str]:
+    """A JSON field and why it is malformed ("" when it is not): ``default``
+    when it is unreadable or of another type than ``default``."""
+    try:
+        value = parse(raw)
+    except BadPayload as exc:
+        return default, str(exc)
+    if not isinstance(value, type(default)):
+        return default, f"a JSON {type(value).__name__}, not a {type(default).__name__}"
+    return value, ""
+
+
 def json_field(raw: str, default: Any) -> Any:
     """A JSON field of a process hash, or ``default`` when it is unreadable
     or of another type than ``default``."""
+    return checked_json(raw, default)[0]
+
+
+def quoted(raw: Any) -> str:
+    """A malformed value as a note quotes it (text, cut short)."""
+    shown = text(raw) if isinstance(raw, bytes | str) else raw
+    quote = repr(shown)
+    return quote if len(quote) <= QUOTED_CHARS else quote[:QUOTED_CHARS] + "…"
+
+
+def checked_number(raw: Any, kind: type[int] | type[float]) -> tuple[Any, str]:
+    """A number (as text in a hash, or a JSON value) and why it is malformed
+    ("" when it is not); 0 when malformed, and when missing (not malformed:
+    a record of an older version may lack the field)."""
+    if raw is None or raw in ("", b""):
+        return kind(0), ""
+    what = "a whole number" if kind is int else "a number"
     try:
-        value = parse(raw)
-    except BadPayload:
-        return default
-    return value if isinstance(value, type(default)) else default
+        value = kind(raw)
+    except (TypeError, ValueError, OverflowError):
+        return kind(0), f"{quoted(raw)} is not {what}"
+    if isinstance(raw, bool) or not math.isfinite(value):
+        return kind(0), f"{quoted(raw)} is not {what}"
+    return value, ""
 
 
 def number(raw: Any, kind: type[int] | type[float]) -> Any:
     """A number field of a process hash; 0 when malformed (shown, not a 500)."""
+    return checked_number(raw, kind)[0]
+
+
+class Fields:
+    """The fields of one record (a process's hash, a running job's summary)
+    read as the types they should have: a malformed one is read as a
+    default and noted in ``malformed`` (field name -> why), for the pages
+    to show as malformed."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = values
+        self.malformed: dict[str, str] = {}
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    def number(self, name: str, kind: type[int] | type[float]) -> Any:
+        value, why = checked_number(self.values.get(name), kind)
+        if why:
+            self.malformed[name] = why
+        return value
+
+    def json(self, name: str, default: Any) -> Any:
+        raw = self.values.get(name)
+        if raw is None:
+            return default
+        value, why = checked_json(raw, default)
+        if why:
+            self.malformed[name] = why
+        return value
+
+
+class Listing(list[_T]):
+    """A list read from Redis, and ``skipped``: a note on each entry left out
+    because it is malformed (a set member that is not UTF-8, a key of the
+    wrong type), for the pages to show. Compares as the list it is."""
+
+    def __init__(self, items: Iterable[_T] = (), skipped: Iterable[str] = ()) -> None:
+        super().__init__(items)
+        self.skipped: list[str] = list(skipped)
+
+
+def is_wrong_type(reply: Any) -> bool:
+    """Whether a reply (of ``pipeline.execute(raise_on_error=False)``, or an
+    exception caught) is Redis's WRONGTYPE error, a key of another type than
+    the command reads; any other error is raised."""
+    if isinstance(reply, redis.ResponseError):
+        if str(reply).startswith("WRONGTYPE"):
+            return True
+        raise reply
+    return False
+
+
+def unless_wrong_type(read: Callable[[], _T], default: _T) -> _T:
+    """``read()``, or ``default`` when the key it reads is of the wrong type."""
     try:
-        value = kind(raw or 0)
-    except (TypeError, ValueError, OverflowError):
-        return kind(0)
-    return value if math.isfinite(value) else kind(0)
+        return read()
+    except redis.ResponseError as exc:
+        is_wrong_type(exc)  # raises any other error
+        return default
+
+
+def names_in(key: str, reply: Any, skipped: list[str]) -> list[str]:
+    """The members of a set of names (``N:queues``, ``N:processes``) from its
+    SMEMBERS reply, as text, sorted. A member that is not UTF-8 is skipped
+    with a note: no key name can be built from it. So is the whole set when
+    ``key`` is not a set."""
+    if is_wrong_type(reply):
+        skipped.append(f"{key} is not a set: the names it should hold are not listed")
+        return []
+    names = []
+    for member in reply:
+        try:
+            names.append(member.decode())
+        except UnicodeDecodeError:
+            skipped.append(f"a member of {key} is not UTF-8 text ({member!r}): skipped")
+    return sorted(names)
+
+
+def set_names(client: Any, key: str, skipped: list[str]) -> list[str]:
+    """``names_in`` of the set at ``key``, read now."""
+    try:
+        reply: Any = client.smembers(key)
+    except redis.ResponseError as exc:
+        reply = exc
+    return names_in(key, reply, skipped)
 
 
 def as_list(value: Any) -> list[Any]:

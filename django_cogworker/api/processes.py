@@ -7,8 +7,10 @@ tag, concurrency, busy, queues, quiet, last beat; and sends one "quiet" or
 running now, as each process's last beat summarised them (``RunningJob``,
 a bounded summary, not the payload). ``InProgress`` reads one process's
 in-progress list, read only: a job there is its process's alone (G2).
-A malformed field is shown as a default, never an exception (SPEC section
-8). Redis errors reach the caller as ``CogworkerError``
+A malformed field is read as a default and named in the record's
+``malformed``; an identity that is not UTF-8, or a hash of the wrong type,
+is skipped with a note in the listing's ``skipped``: never an exception
+(SPEC section 8). Redis errors reach the caller as ``CogworkerError``
 (``errors.redis_boundary``).
 """
 
@@ -20,7 +22,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django_cogworker.api.parsing import as_dict, as_list, field_text, json_field, loads_object, number
+from django_cogworker.api.parsing import (
+    Fields,
+    Listing,
+    as_dict,
+    as_list,
+    field_text,
+    is_wrong_type,
+    loads_object,
+    set_names,
+)
 from django_cogworker.api.records import JobRecord
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
@@ -45,6 +56,31 @@ class ProcessRecord:
     rss_kb: int
     fetch: str
     recovery: dict[str, Any]
+    #: The fields that are malformed (name -> why), read as 0, [] or {}.
+    malformed: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, identity: str, raw: dict[bytes, bytes]) -> ProcessRecord:
+        """A process as its heartbeat hash ``raw`` records it."""
+        f = Fields(
+            {key.decode("utf-8", "replace"): value.decode("utf-8", "replace") for key, value in raw.items()}
+        )
+        return cls(
+            identity=identity,
+            hostname=f.get("hostname", ""),
+            pid=f.number("pid", int),
+            tag=f.get("tag", ""),
+            concurrency=f.number("concurrency", int),
+            busy=f.number("busy", int),
+            queues=[str(q) for q in f.json("queues", [])],
+            quiet=f.get("quiet") == "1",
+            started_at=f.number("started_at", float),
+            last_beat=f.number("beat", float),
+            rss_kb=f.number("rss_kb", int),
+            fetch=f.get("fetch", ""),
+            recovery=f.json("recovery", {}),
+            malformed=f.malformed,
+        )
 
     def quiet_it(self) -> None:
         ProcessSet.signal(self.identity, "quiet")
@@ -60,35 +96,20 @@ class ProcessSet:
         yield from self.all()
 
     @redis_boundary("list the worker processes")
-    def all(self) -> list[ProcessRecord]:
+    def all(self) -> Listing[ProcessRecord]:
         client, k = get_redis(), get_keys()
-        identities = sorted(m.decode() for m in client.smembers(k.processes))
+        skipped: list[str] = []
+        identities = set_names(client, k.processes, skipped)
         pipe = client.pipeline(transaction=False)
         for identity in identities:
             pipe.hgetall(k.process(identity))
         records = []
-        for identity, raw in zip(identities, pipe.execute(), strict=True):
-            if not raw:
-                continue  # presence key expired: not live
-            h = {key.decode(): value.decode("utf-8", "replace") for key, value in raw.items()}
-            records.append(
-                ProcessRecord(
-                    identity=identity,
-                    hostname=h.get("hostname", ""),
-                    pid=number(h.get("pid"), int),
-                    tag=h.get("tag", ""),
-                    concurrency=number(h.get("concurrency"), int),
-                    busy=number(h.get("busy"), int),
-                    queues=[str(q) for q in json_field(h.get("queues", "[]"), [])],
-                    quiet=h.get("quiet") == "1",
-                    started_at=number(h.get("started_at"), float),
-                    last_beat=number(h.get("beat"), float),
-                    rss_kb=number(h.get("rss_kb"), int),
-                    fetch=h.get("fetch", ""),
-                    recovery=json_field(h.get("recovery", "{}"), {}),
-                )
-            )
-        return records
+        for identity, raw in zip(identities, pipe.execute(raise_on_error=False), strict=True):
+            if is_wrong_type(raw):
+                skipped.append(f"{k.process(identity)} is not a hash: its process is not listed")
+            elif raw:  # else its presence key expired: not live
+                records.append(ProcessRecord.of(identity, raw))
+        return Listing(records, skipped)
 
     @property
     def size(self) -> int:
@@ -129,6 +150,9 @@ class RunningJob:
     retry_count: int | None = None
     #: Why its payload cannot be read ("" when it can).
     unreadable: str = ""
+    #: The fields of its record that are malformed (name -> why); a
+    #: malformed ``run_at`` is read as 0.
+    malformed: dict[str, str] = dataclasses.field(default_factory=dict)
     _payload: Payload | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -137,12 +161,14 @@ class RunningJob:
         if info is None:
             return cls(identity, jid, "", 0.0, unreadable="its record in Redis is unreadable")
         retry_count = info.get("retry_count")
+        fields = Fields(info)
         common: dict[str, Any] = {
             "identity": identity,
             "jid": jid,
             "queue": str(info.get("queue") or ""),
-            "run_at": number(info.get("run_at"), float),
+            "run_at": fields.number("run_at", float),
             "thread": info["thread"] if type(info.get("thread")) is int else None,
+            "malformed": fields.malformed,
         }
         if "payload" in info:
             # The shape written before summaries, by a process not yet
@@ -187,17 +213,21 @@ class Workers:
         yield from self.all()
 
     @redis_boundary("list the running jobs")
-    def all(self) -> list[RunningJob]:
+    def all(self) -> Listing[RunningJob]:
         client, k = get_redis(), get_keys()
-        identities = sorted(m.decode() for m in client.smembers(k.processes))
+        skipped: list[str] = []
+        identities = set_names(client, k.processes, skipped)
         pipe = client.pipeline(transaction=False)
         for identity in identities:
             pipe.hgetall(k.workers(identity))
         jobs = []
-        for identity, entries in zip(identities, pipe.execute(), strict=True):
+        for identity, entries in zip(identities, pipe.execute(raise_on_error=False), strict=True):
+            if is_wrong_type(entries):
+                skipped.append(f"{k.workers(identity)} is not a hash: the jobs it runs are not listed")
+                continue
             for jid, record in (entries or {}).items():
                 jobs.append(RunningJob.of(identity, jid.decode("utf-8", "replace"), record))
-        return sorted(jobs, key=lambda j: j.run_at)
+        return Listing(sorted(jobs, key=lambda j: j.run_at), skipped)
 
     @property
     def size(self) -> int:

@@ -3,18 +3,25 @@
 Duties: ``Queue(name)`` reads a queue's size, latency (how long its oldest
 job has waited) and jobs in the order they will run; pauses and unpauses it
 (a paused queue is skipped by every worker's fetch) and clears it.
-``Queue.all()`` lists every queue known in ``N:queues``, empty ones too.
+``Queue.all()`` lists every known queue: those in ``N:queues`` (empty ones
+too) and those the ``QUEUES`` setting names, before their first job, so
+that they can be paused in advance. A malformed record (a member of
+``N:queues`` that is not UTF-8, ``N:paused`` or a queue of the wrong type,
+a job time that is not finite) is skipped or read as a default, with a
+note in ``Queue.all().skipped``: never an exception (SPEC section 8).
 Redis errors reach the caller as ``CogworkerError``
 (``errors.redis_boundary``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
-from django_cogworker.api.parsing import loads_object
-from django_cogworker.api.records import PAGE_SIZE, JobRecord, paged
+from django_cogworker.api.parsing import Listing, is_wrong_type, loads_object, names_in, unless_wrong_type
+from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
+from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 
@@ -29,30 +36,49 @@ class Queue:
 
     @classmethod
     @redis_boundary("list the queues")
-    def all(cls) -> list[Queue]:
-        names = {m.decode() for m in get_redis().smembers(get_keys().queues)}
-        return [cls(n) for n in sorted(names)]
+    def all(cls) -> Listing[Queue]:
+        """Every known queue by name: in ``N:queues`` or named by ``QUEUES``
+        (without its ",weight")."""
+        k = get_keys()
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.smembers(k.queues)
+        pipe.type(k.paused)
+        members, paused_type = pipe.execute(raise_on_error=False)
+        skipped: list[str] = []
+        names = set(names_in(k.queues, members, skipped))
+        names.update(spec.name for spec in get_config().queues)
+        if is_wrong_type(paused_type) or _text(paused_type) not in ("set", "none"):
+            skipped.append(
+                f"{k.paused} is not a set: no queue shows as paused, and pausing fails until that key "
+                "is deleted"
+            )
+        return Listing([cls(n) for n in sorted(names)], skipped)
 
     @property
     @redis_boundary("read a queue's size")
     def size(self) -> int:
-        return int(get_redis().llen(self.key))
+        # Not a list: 0 (``Stats`` notes it).
+        return int(unless_wrong_type(lambda: get_redis().llen(self.key), 0))
 
     @property
     @redis_boundary("read a queue's latency")
     def latency(self) -> float:
-        """Seconds the oldest job has waited (0 when empty)."""
-        oldest = get_redis().lindex(self.key, -1)
+        """Seconds the oldest job has waited (0 when empty, or when its
+        ``enqueued_at`` is not a finite time)."""
+        oldest = unless_wrong_type(lambda: get_redis().lindex(self.key, -1), None)
         if oldest is None:
             return 0.0
         payload = loads_object(oldest) or {}
         at = payload.get("enqueued_at")
-        return max(0.0, time.time() - float(at)) if isinstance(at, int | float) else 0.0
+        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+            return 0.0  # -1e400 reads as -inf: a wait of forever would tell nothing
+        return max(0.0, time.time() - float(at))
 
     @property
     @redis_boundary("read whether a queue is paused")
     def paused(self) -> bool:
-        return bool(get_redis().sismember(get_keys().paused, self.name))
+        # N:paused not a set: not paused (``Queue.all()`` notes it).
+        return bool(unless_wrong_type(lambda: get_redis().sismember(get_keys().paused, self.name), False))
 
     @redis_boundary("pause a queue")
     def pause(self) -> None:
@@ -74,9 +100,11 @@ class Queue:
     @redis_boundary("read a queue's jobs")
     def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
         """Jobs in the order they will run (next first)."""
+        if offset + limit > MAX_OFFSET:
+            return []
         end = -1 - offset
         start = end - limit + 1
-        raws = get_redis().lrange(self.key, start, end)
+        raws: list[bytes] = unless_wrong_type(lambda: get_redis().lrange(self.key, start, end), [])
         return [JobRecord(r, source=self.key, kind="queue") for r in reversed(raws)]
 
     def __iter__(self) -> Iterator[JobRecord]:
@@ -84,3 +112,7 @@ class Queue:
 
     def find(self, jid: str) -> JobRecord | None:
         return next((r for r in self if r.jid == jid), None)
+
+
+def _text(reply: bytes | str) -> str:
+    return reply.decode() if isinstance(reply, bytes) else reply

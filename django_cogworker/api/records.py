@@ -17,6 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import itertools
+import json
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -41,6 +43,28 @@ BULK_BATCH_SIZE = 500
 
 #: A move: the ``move`` script's KEYS and ARGV.
 MoveCall = tuple[list[str], list[str | bytes]]
+
+#: An offset past every list and sorted set: Redis counts ranges in signed
+#: 64-bit integers and answers an error past them (a page number of 30
+#: digits in a URL), so a page from there on is empty without asking.
+MAX_OFFSET = 2**62
+
+# A string of JSON text, or a number JSON cannot write (as json.dumps writes it).
+_NON_FINITE = re.compile(r'"(?:[^"\\]|\\.)*"|-?Infinity|NaN')
+_AS_JSON = {"Infinity": "1e999", "-Infinity": "-1e999", "NaN": "null"}
+
+
+def encode_as_read(payload: Payload) -> bytes:
+    """``payload.encode``, also for a payload read with a number JSON cannot
+    write: ``-1e400`` reads as -inf (Python's json also reads ``-Infinity``
+    and ``NaN``). Such a number is written ``-1e999`` / ``1e999``, which
+    every JSON reader reads back as infinite, and NaN, which JSON has no
+    way to write, as null; the rest is written as always."""
+    try:
+        return encode(payload)
+    except ValueError:
+        loose = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+        return _NON_FINITE.sub(lambda m: _AS_JSON.get(m.group(0), m.group(0)), loose).encode()
 
 
 class JobRecord:
@@ -158,7 +182,7 @@ class JobRecord:
             else DEFAULT_QUEUE
         )
         payload["enqueued_at"] = time.time()
-        data = encode(payload) if "job" in payload else self.payload_raw
+        data = encode_as_read(payload) if "job" in payload else self.payload_raw
         return self._move_call(get_keys().queue(str(queue)), data, "queue", str(queue))
 
     def _kill_call(self) -> MoveCall | None:
@@ -169,7 +193,7 @@ class JobRecord:
         payload.setdefault("error_class", "Killed")
         payload.setdefault("error_message", "killed by hand")
         payload["failed_at"] = payload.get("failed_at") or time.time()
-        return self._move_call(k.dead, encode(payload), "zset", repr(time.time()))
+        return self._move_call(k.dead, encode_as_read(payload), "zset", repr(time.time()))
 
     def _call(self, action: str) -> MoveCall | None:
         return self._retry_call() if action == "retry" else self._kill_call()

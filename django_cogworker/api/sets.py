@@ -17,10 +17,12 @@ from __future__ import annotations
 import abc
 import json
 import math
+from collections import deque
 from collections.abc import Iterable, Iterator
 
-from django_cogworker.api.parsing import glob_escape, glob_literal, loads_object, quick_match
-from django_cogworker.api.records import PAGE_SIZE, JobRecord, paged
+from django_cogworker.api.parsing import glob_escape, loads_object, quick_match
+from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
+from django_cogworker.api.scan import SCAN_COUNT, last_page_offset, match_pattern, select_page
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 
@@ -61,8 +63,11 @@ class JobSet(abc.ABC):
         search: str | None = None,
         offset: int = 0,
         limit: int = PAGE_SIZE,
+        or_last: bool = False,
     ) -> tuple[int, list[JobRecord]]:
-        """(how many match, the page at ``offset``): what a paginated list needs."""
+        """(how many match, the page at ``offset``): what a paginated list
+        needs, from one pass. Past the end, no entries; with ``or_last``, the
+        last page instead (at ``scan.last_page_offset(count, limit)``)."""
 
     @abc.abstractmethod
     def find(self, jid: str) -> JobRecord | None: ...
@@ -100,6 +105,8 @@ class SortedSet(JobSet):
 
     @redis_boundary("read a job set")
     def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
+        if offset + limit > MAX_OFFSET:
+            return []
         client = get_redis()
         fn = client.zrevrange if self.newest_first else client.zrange
         return [self._record(r, s) for r, s in fn(self.key, offset, offset + limit - 1, withscores=True)]
@@ -107,36 +114,24 @@ class SortedSet(JobSet):
     def __iter__(self) -> Iterator[JobRecord]:
         return paged(self.page)
 
-    @staticmethod
-    def _pattern(name: str | None, queue: str | None, search: str | None) -> str:
-        # ``*`` after each colon: another client may write a space there.
-        if name:
-            return f'*"job":*"{glob_literal(name)}"*'
-        if search:
-            return f"*{glob_literal(search, fold_case=True)}*"
-        if queue:
-            return f'*"queue":*"{glob_literal(queue)}"*'
-        return "*"
-
-    def _candidates(
-        self, name: str | None, queue: str | None, search: str | None
-    ) -> list[tuple[float, bytes, bool]]:
-        """(score, entry, sure) of the entries that may match, in the set's
-        order. ZSCAN's pattern narrows them on the server; ``quick_match``
-        settles most of the rest from the bytes (``sure``) without parsing."""
-        found = []
-        for raw, score in get_redis().zscan_iter(
-            self.key, match=self._pattern(name, queue, search), count=1000
-        ):
+    def _matches(
+        self, name: str | None, queue: str | None, search: str | None, *, exact: bool
+    ) -> Iterator[tuple[float, bytes]]:
+        """(score, entry) of the entries that match, in ZSCAN's order: one
+        pass. ZSCAN's pattern (``scan.match_pattern``) narrows them on the
+        server; ``quick_match`` settles most of the rest from the bytes
+        without parsing, unless ``exact`` (then each one it does not rule
+        out is parsed and decided on its fields)."""
+        pattern = match_pattern(name, queue, search)
+        for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=SCAN_COUNT):
             quick = quick_match(raw, name=name, queue=queue, search=search)
-            if quick is None:
-                if self._record(raw, score).matches(name=name, queue=queue, search=search):
-                    found.append((float(score), raw, True))
-            elif quick:
-                found.append((float(score), raw, False))
-        # Ties broken by the entry, as Redis orders equal scores.
-        found.sort(key=lambda c: (c[0], c[1]), reverse=self.newest_first)
-        return found
+            if quick is False:
+                continue
+            if (quick is None or exact) and not self._record(raw, score).matches(
+                name=name, queue=queue, search=search
+            ):
+                continue
+            yield float(score), raw
 
     @redis_boundary("search a job set")
     def filter(
@@ -148,16 +143,19 @@ class SortedSet(JobSet):
         limit: int | None = None,
     ) -> list[JobRecord]:
         """Entries matching every given criterion (``search`` looks in the jid
-        and the error). Uses ZSCAN with a server-side pattern, so a large set
-        is not read whole into Python."""
-        found: list[JobRecord] = []
-        for score, raw, _ in self._candidates(name, queue, search):
-            record = self._record(raw, score)
-            if record.matches(name=name, queue=queue, search=search):
-                found.append(record)
-                if limit is not None and len(found) >= limit:
-                    break
-        return found
+        and the error), in the set's order. One ZSCAN pass with a server-side
+        pattern, so a large set is not read whole into Python; with
+        ``limit``, only the first ``limit`` matches are kept meanwhile."""
+        if limit is None:
+            # Ties broken by the entry, as Redis orders equal scores.
+            entries = sorted(self._matches(name, queue, search, exact=False), reverse=self.newest_first)
+            records = (self._record(raw, score) for score, raw in entries)
+            return [r for r in records if r.matches(name=name, queue=queue, search=search)]
+        matches = self._matches(name, queue, search, exact=True)
+        _, _, entries = select_page(
+            matches, offset=0, limit=limit, descending=self.newest_first, size=self.size
+        )
+        return [self._record(raw, score) for score, raw in entries]
 
     @redis_boundary("search a job set")
     def filter_page(
@@ -168,14 +166,25 @@ class SortedSet(JobSet):
         search: str | None = None,
         offset: int = 0,
         limit: int = PAGE_SIZE,
+        or_last: bool = False,
     ) -> tuple[int, list[JobRecord]]:
-        """(how many match, the page at ``offset``): what a paginated list
-        needs, without parsing every match of a large set. Every record
-        returned matches exactly; the count may include an entry whose field
-        sits only inside a nested object (a payload of the wrong shape)."""
-        candidates = self._candidates(name, queue, search)
-        page = [self._record(raw, score) for score, raw, _ in candidates[offset : offset + limit]]
-        return len(candidates), [r for r in page if r.matches(name=name, queue=queue, search=search)]
+        """(how many match, the page at ``offset``; past the end, with
+        ``or_last``, the last page) from one ZSCAN pass that counts the
+        matches and keeps only those that can fall in the page
+        (``scan.select_page``): what a paginated list needs, without keeping
+        or parsing every match of a large set. Every record returned matches
+        exactly; the count may include an entry whose field sits only inside
+        a nested object (a payload of the wrong shape)."""
+        count, _, entries = select_page(
+            self._matches(name, queue, search, exact=False),
+            offset=offset,
+            limit=limit,
+            descending=self.newest_first,
+            size=self.size,
+            or_last=or_last,
+        )
+        page = [self._record(raw, score) for score, raw in entries]
+        return count, [r for r in page if r.matches(name=name, queue=queue, search=search)]
 
     @redis_boundary("find a job")
     def find(self, jid: str) -> JobRecord | None:
@@ -255,6 +264,8 @@ class UnsettledSet(JobSet):
 
     @redis_boundary("read the unsettled jobs")
     def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
+        if offset + limit > MAX_OFFSET:
+            return []
         return [self._record(r) for r in get_redis().lrange(self.key, offset, offset + limit - 1)]
 
     def __iter__(self) -> Iterator[JobRecord]:
@@ -282,10 +293,21 @@ class UnsettledSet(JobSet):
         search: str | None = None,
         offset: int = 0,
         limit: int = PAGE_SIZE,
+        or_last: bool = False,
     ) -> tuple[int, list[JobRecord]]:
-        """(how many match, the page at ``offset``), as ``SortedSet.filter_page``."""
-        found = self.filter(name=name, queue=queue, search=search)
-        return len(found), found[offset : offset + limit]
+        """(how many match, the page at ``offset``), as ``SortedSet.filter_page``:
+        one pass over the list, keeping the page's matches and, with
+        ``or_last``, the last ``limit`` (the last page, if ``offset`` is past it)."""
+        count, page, last = 0, [], deque[JobRecord](maxlen=limit if or_last else 0)
+        for record in self:
+            if record.matches(name=name, queue=queue, search=search):
+                if offset <= count < offset + limit:
+                    page.append(record)
+                last.append(record)
+                count += 1
+        if or_last and 0 < count <= offset:
+            return count, list(last)[len(last) - (count - last_page_offset(count, limit)) :]
+        return count, page
 
     def find(self, jid: str) -> JobRecord | None:
         return next((r for r in self if r.jid == jid), None)

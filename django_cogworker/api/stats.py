@@ -4,20 +4,40 @@ Duties: ``Stats()`` reads, in two round trips, the processed and failed
 totals (flushed by each process's heartbeat: truthful to one beat), the
 sizes of the schedule, retry, dead and unsettled sets, and of every known
 queue; ``Stats.history(days)`` the processed and failed counts of each of
-the last days (UTC). Redis errors reach the caller as ``CogworkerError``
-(``errors.redis_boundary``).
+the last days (UTC); ``Stats.per_minute()`` those of each of the last 60
+minutes, in one MGET. A counter that is not a number, or a key of the
+wrong type, counts 0 and is noted (``malformed``, ``skipped``): never an
+exception (SPEC section 8). Redis errors reach the caller as
+``CogworkerError`` (``errors.redis_boundary``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
+from django_cogworker.api.parsing import Listing, checked_number, is_wrong_type, names_in, number
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
+from django_cogworker.keys import MINUTE_FORMAT
+
+
+def _count(key: str, reply: Any, notes: list[str]) -> int:
+    """A counter's GET reply; 0, noted, when it is not a count."""
+    if is_wrong_type(reply):
+        notes.append(f"{key} is not a string (a counter): counted as 0")
+        return 0
+    value, why = checked_number(reply, int)
+    if why:
+        notes.append(f"{key}: {why}")
+    return int(value)
 
 
 class Stats:
-    """Totals (flushed by each process's heartbeat: truthful to one beat)."""
+    """Totals (flushed by each process's heartbeat: truthful to one beat).
+
+    ``malformed`` names each figure that was read as 0 because its key is
+    malformed (figure -> why); ``skipped``, the queues not counted."""
 
     @redis_boundary("read the totals")
     def __init__(self) -> None:
@@ -30,30 +50,83 @@ class Stats:
         pipe.zcard(k.dead)
         pipe.llen(k.unsettled)
         pipe.smembers(k.queues)
-        processed, failed, scheduled, retry, dead, unsettled, queues = pipe.execute()
-        self.processed = int(processed or 0)
-        self.failed = int(failed or 0)
-        self.scheduled_size = int(scheduled)
-        self.retry_size = int(retry)
-        self.dead_size = int(dead)
-        self.unsettled_size = int(unsettled)
-        names = sorted(q.decode() for q in queues)
+        *replies, queues = pipe.execute(raise_on_error=False)
+        self.malformed: dict[str, str] = {}
+        self.skipped: list[str] = []
+        figures = [
+            ("processed", k.stat_processed, ""),
+            ("failed", k.stat_failed, ""),
+            ("scheduled_size", k.schedule, "sorted set"),
+            ("retry_size", k.retry, "sorted set"),
+            ("dead_size", k.dead, "sorted set"),
+            ("unsettled_size", k.unsettled, "list"),
+        ]
+        values = []
+        for (figure, key, kind), reply in zip(figures, replies, strict=True):
+            notes: list[str] = []
+            if not kind:
+                values.append(_count(key, reply, notes))
+            elif is_wrong_type(reply):
+                values.append(0)
+                notes.append(f"{key} is not a {kind}")
+            else:
+                values.append(int(reply))
+            if notes:
+                self.malformed[figure] = notes[0]
+        (
+            self.processed,
+            self.failed,
+            self.scheduled_size,
+            self.retry_size,
+            self.dead_size,
+            self.unsettled_size,
+        ) = values
+        names = names_in(k.queues, queues, self.skipped)
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.llen(k.queue(name))
-        self.queue_sizes = dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
+        self.queue_sizes: dict[str, int] = {}
+        for name, size in zip(names, pipe.execute(raise_on_error=False), strict=True):
+            if is_wrong_type(size):
+                self.skipped.append(f"{k.queue(name)} is not a list: its jobs are not counted")
+            self.queue_sizes[name] = 0 if isinstance(size, Exception) else int(size)
         self.enqueued = sum(self.queue_sizes.values())
 
     @staticmethod
     @redis_boundary("read the daily history")
-    def history(days: int = 30, *, today: dt.date | None = None) -> list[tuple[dt.date, int, int]]:
-        """(day, processed, failed) for the last ``days`` days, oldest first (UTC)."""
+    def history(days: int = 30, *, today: dt.date | None = None) -> Listing[tuple[dt.date, int, int]]:
+        """(day, processed, failed) for the last ``days`` days, oldest first
+        (UTC); a day's counter that is not a count is 0, noted in ``skipped``."""
         client, k = get_redis(), get_keys()
         today = today or dt.datetime.now(dt.UTC).date()
         dates = [today - dt.timedelta(days=i) for i in range(days - 1, -1, -1)]
+        keys = [f(day.isoformat()) for day in dates for f in (k.stat_processed_on, k.stat_failed_on)]
         pipe = client.pipeline(transaction=False)
-        for day in dates:
-            pipe.get(k.stat_processed_on(day.isoformat()))
-            pipe.get(k.stat_failed_on(day.isoformat()))
-        values = pipe.execute()
-        return [(day, int(values[2 * i] or 0), int(values[2 * i + 1] or 0)) for i, day in enumerate(dates)]
+        for key in keys:
+            pipe.get(key)
+        values = pipe.execute(raise_on_error=False)
+        skipped: list[str] = []
+        counts = [_count(key, value, skipped) for key, value in zip(keys, values, strict=True)]
+        return Listing([(day, counts[2 * i], counts[2 * i + 1]) for i, day in enumerate(dates)], skipped)
+
+    @staticmethod
+    @redis_boundary("read the last hour")
+    def per_minute(
+        minutes: int = 60, *, now: dt.datetime | None = None
+    ) -> list[tuple[dt.datetime, int, int]]:
+        """(minute, processed, failed) for the last ``minutes`` minutes, the
+        current one included, oldest first (UTC, each minute's start). A
+        worker's jobs are in the minute of the heartbeat that carried them
+        (``stats.py``). A missing minute counts 0, and so does a counter that
+        is not a count (text, a key of another type: MGET reads those as nil)."""
+        if minutes <= 0:
+            return []
+        client, k = get_redis(), get_keys()
+        last = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).replace(second=0, microsecond=0)
+        starts = [last - dt.timedelta(minutes=i) for i in range(minutes - 1, -1, -1)]
+        names = [m.strftime(MINUTE_FORMAT) for m in starts]
+        values = client.mget(
+            [k.stat_processed_minute(n) for n in names] + [k.stat_failed_minute(n) for n in names]
+        )
+        counts = [max(0, number(raw, int)) for raw in values]
+        return [(m, counts[i], counts[minutes + i]) for i, m in enumerate(starts)]

@@ -94,7 +94,7 @@ def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now
         chain.cancel(payload)
         raise
     if int(reply) == 1:
-        logger.info("periodic %s (%s): enqueued jid=%s", entry.job, entry.cron, payload["jid"])
+        logger.debug("periodic %s (%s): enqueued jid=%s", entry.job, entry.cron, payload["jid"])
         config = get_config()
         if confirm.wanted(config):
             # The slot's marker is set: this slot is not pushed again, by
@@ -103,7 +103,7 @@ def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now
         return PUSHED
     chain.cancel(payload)
     if int(reply) == -1:
-        logger.info(
+        logger.debug(
             "periodic %s (%s): slot skipped, the previous run is still queued or running",
             entry.job,
             entry.cron,

@@ -52,3 +52,9 @@ def flaky(fail_ratio: float) -> None:
 def always_fails(message: str) -> None:
     _record(JobResult.Status.FAILED, message)
     raise DemoFailure(message)
+
+
+@job
+def note(text: str) -> None:
+    """Records ``text``: the demo's periodic entry and scheduled jobs run it."""
+    _record(JobResult.Status.SUCCEEDED, text)

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_cogworker import logs
 from django_cogworker.conf import get_config, parse_queue, queue_list_problems
 from django_cogworker.errors import RedisAccessRefused
 from django_cogworker.fetch import STRATEGIES
@@ -38,25 +39,33 @@ class Command(BaseCommand):
         parser.add_argument(
             "--processes", type=int, default=1, help="run N worker processes under one supervisor"
         )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="development: restart the worker when a Python file changes, as runserver does",
+        )
+        # None when -v is not given: a project's own LOGGING then keeps its levels.
+        parser.set_defaults(verbosity=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        logs.configure(options["verbosity"])
         processes = options["processes"]
         if processes < 1:
             raise CommandError("--processes must be at least 1")
-        if processes > 1:
+        if processes > 1 or options["reload"]:
             from django_cogworker.supervisor import Supervisor
 
             child = self.child_args(sys.argv)
             timeout_s = options["shutdown_timeout"]
             if timeout_s is None:
                 timeout_s = get_config().shutdown_timeout_s
-            sys.exit(Supervisor(processes, child, timeout_s).run())
+            sys.exit(Supervisor(processes, child, timeout_s, reload=options["reload"]).run())
         self.run_one(options)
 
     @staticmethod
     def child_args(argv: list[str]) -> list[str]:
-        """The command line minus ``--processes`` (and what precedes the
-        command name)."""
+        """The command line minus ``--processes`` and ``--reload`` (and what
+        precedes the command name)."""
         try:
             rest = argv[argv.index("cogworker") + 1 :]
         except ValueError:
@@ -70,7 +79,7 @@ class Command(BaseCommand):
             if arg == "--processes":
                 skip = True
                 continue
-            if arg.startswith("--processes="):
+            if arg.startswith("--processes=") or arg == "--reload":
                 continue
             out.append(arg)
         return out

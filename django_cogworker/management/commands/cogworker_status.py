@@ -1,0 +1,104 @@
+"""``manage.py cogworker_status [--json]``: what is running, for people,
+probes and scripts.
+
+Prints the live processes, the queues with their size and latency, and
+the scheduled/retry/dead/unsettled sizes. Exit status: 0 when at least
+one live process is registered, 1 when none is, 2 when Redis cannot be
+read (unreachable, or it refused: a wrong password, say). A liveness probe
+runs it as it is; a script reads ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_cogworker import api
+from django_cogworker.conf import get_config
+from django_cogworker.connection import describe
+from django_cogworker.errors import CogworkerError
+
+#: Exit statuses.
+LIVE, NO_PROCESS, NO_REDIS = 0, 1, 2
+
+
+def snapshot() -> dict[str, Any]:
+    """Everything the command reports, read from Redis (CogworkerError when
+    Redis cannot be read)."""
+    now = time.time()
+    processes = [
+        {
+            "identity": p.identity,
+            "hostname": p.hostname,
+            "pid": p.pid,
+            "tag": p.tag,
+            "concurrency": p.concurrency,
+            "busy": p.busy,
+            "queues": p.queues,
+            "quiet": p.quiet,
+            "last_beat_s_ago": round(max(0.0, now - p.last_beat), 1) if p.last_beat else None,
+        }
+        for p in api.ProcessSet().all()
+    ]
+    queues = [
+        {"name": q.name, "size": q.size, "latency_s": round(q.latency, 3), "paused": q.paused}
+        for q in api.Queue.all()
+    ]
+    sizes = {
+        "scheduled": api.ScheduledSet().size,
+        "retry": api.RetrySet().size,
+        "dead": api.DeadSet().size,
+        "unsettled": api.UnsettledSet().size,
+    }
+    return {"processes": processes, "queues": queues, **sizes}
+
+
+def as_text(report: dict[str, Any]) -> str:
+    lines = [f"Redis {report['redis']}"]
+    processes = report["processes"]
+    lines.append(f"processes: {len(processes)} live")
+    for p in processes:
+        beat = "" if p["last_beat_s_ago"] is None else f", last beat {p['last_beat_s_ago']:.0f}s ago"
+        tag = f", tag {p['tag']}" if p["tag"] else ""
+        quiet = ", quiet" if p["quiet"] else ""
+        lines.append(
+            f"  {p['identity']}: pid {p['pid']}{tag}, busy {p['busy']}/{p['concurrency']}, "
+            f"queues {','.join(p['queues']) or '-'}{beat}{quiet}"
+        )
+    lines.append(f"queues: {len(report['queues'])}")
+    for q in report["queues"]:
+        paused = ", paused" if q["paused"] else ""
+        lines.append(f"  {q['name']}: {q['size']} waiting, latency {q['latency_s']:.1f}s{paused}")
+    lines.append(
+        f"scheduled {report['scheduled']}, retry {report['retry']}, dead {report['dead']}, "
+        f"unsettled {report['unsettled']}"
+    )
+    return "\n".join(lines)
+
+
+class Command(BaseCommand):
+    help = (
+        "Print cogworker's live processes, queues and set sizes. Exit status 0: at least one "
+        "live process; 1: none; 2: Redis cannot be read."
+    )
+    requires_system_checks: list[str] = []  # a probe must not fail on an unrelated check
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        where = describe(get_config())  # never the password
+        try:
+            report = {"redis": where, **snapshot()}
+        except CogworkerError as exc:
+            message = f"Redis at {where} cannot be read: {exc}"
+            if options["json"]:
+                self.stdout.write(json.dumps({"redis": where, "error": message}))
+            self.stderr.write(f"cogworker_status: {message}")
+            sys.exit(NO_REDIS)
+        self.stdout.write(json.dumps(report) if options["json"] else as_text(report))
+        sys.exit(LIVE if report["processes"] else NO_PROCESS)
