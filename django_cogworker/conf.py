@@ -53,6 +53,8 @@ DEFAULTS: dict[str, Any] = {
     "ENQUEUE_WAIT_TIMEOUT": 1.0,
     # Where REDIS_URL = "embedded" keeps its socket, pid file and AOF.
     "EMBEDDED_DIR": None,
+    # The bearer token the metrics view accepts; None: staff sessions only.
+    "METRICS_TOKEN": None,
 }
 
 DEFAULT_NAMESPACE = "cogworker"
@@ -96,6 +98,8 @@ class Config:
     enqueue_wait_replicas: int
     enqueue_wait_timeout_s: float
     embedded_dir: str
+    #: ``views.metrics`` answers ``Authorization: Bearer <metrics_token>``.
+    metrics_token: str | None
 
     @property
     def weighted(self) -> bool:
@@ -171,6 +175,9 @@ def get_config() -> Config:
     embedded_dir = values["EMBEDDED_DIR"] or os.path.join(
         str(getattr(settings, "BASE_DIR", os.getcwd())), ".cogworker"
     )
+    # "" or a non-string (E027) accepts no bearer at all: an empty token
+    # must never match an empty Authorization header.
+    token = values["METRICS_TOKEN"]
     return Config(
         redis_url=str(values["REDIS_URL"]),
         cache_alias=values["CACHE_ALIAS"],
@@ -199,6 +206,7 @@ def get_config() -> Config:
         enqueue_wait_replicas=int(values["ENQUEUE_WAIT_REPLICAS"]),
         enqueue_wait_timeout_s=float(values["ENQUEUE_WAIT_TIMEOUT"]),
         embedded_dir=str(embedded_dir),
+        metrics_token=token if isinstance(token, str) and token else None,
     )
 
 

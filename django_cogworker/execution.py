@@ -40,6 +40,8 @@ class Outcome:
     score: float = 0.0
     failed: bool = False
     jid: str = ""
+    #: The job's name and how long its function ran (s), when it was called.
+    ran: tuple[str, float] | None = None
 
     def encoded(self) -> bytes:
         assert self.payload is not None
@@ -111,12 +113,15 @@ def execute(
             # helpers run jobs there) still stops the caller.
             if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
                 raise
-            outcome = failure(payload, exc, config, job, time.monotonic() - began)
+            took_s = time.monotonic() - began
+            outcome = failure(payload, exc, config, job, took_s)
+            outcome.ran = (job.name, took_s)
             run.after(_result(outcome, exc))
         else:
+            took_s = time.monotonic() - began
             if logger.isEnabledFor(logging.INFO):
-                logger.info("jid=%s %s done in %.3fs", jid, job.name, time.monotonic() - began)
-            outcome = Outcome(ACK, jid=jid)
+                logger.info("jid=%s %s done in %.3fs", jid, job.name, took_s)
+            outcome = Outcome(ACK, jid=jid, ran=(job.name, took_s))
             run.after(_SUCCESS)
     finally:
         reset_current(token)
@@ -140,7 +145,7 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Any, took
     """The outcome of a failed run, and its one WARNING line: the job, its
     jid, the exception's class and message, what happens next."""
     now = time.time()
-    failed = retry.with_failure(payload, exc, now)
+    failed = retry.with_failure(payload, exc, now, took_s)
     count = failed["retry_count"]
     jid = failed.get("jid", "")
     call_error_handlers(exc, failed, config)

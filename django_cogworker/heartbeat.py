@@ -21,9 +21,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from django_cogworker.connection import follow_master
+from django_cogworker.metrics import METRICS_TTL_S
 from django_cogworker.payload import summary
 from django_cogworker.scripts import script
-from django_cogworker.stats import DAILY_STATS_TTL_S, MINUTE_STATS_TTL_S, stat_keys
+from django_cogworker.stats import DAILY_STATS_TTL_S, MINUTE_STATS_TTL_S, minute, stat_keys
 
 if TYPE_CHECKING:
     from django_cogworker.launcher import Launcher
@@ -77,9 +78,11 @@ class Heartbeat:
     def beat(self) -> list[str]:
         m = self.manager
         k = m.keys
-        processed, failed = m.ledger.take_counts()
+        processed, failed, tally = m.ledger.take_counts()
         fields = self.fields()
         jobs = self.running_records()
+        increments = tally.increments()
+        now = time.time()  # one clock reading: the day's, the minute's counters and metrics agree
         args: list[str | bytes | int] = [
             m.identity,
             max(1, round(m.config.heartbeat_ttl_s)),
@@ -89,9 +92,12 @@ class Heartbeat:
             DAILY_STATS_TTL_S,
             MINUTE_STATS_TTL_S,
             len(fields),
+            len(increments) // 2,
+            METRICS_TTL_S,
         ]
         for name, value in fields.items():
             args += [name, value]
+        args += increments
         args += jobs
         try:
             registered, signals = script("heartbeat")(
@@ -103,13 +109,15 @@ class Heartbeat:
                     k.inprogress_identities,
                     k.workers(m.identity),
                     k.signals(m.identity),
-                    *stat_keys(k),
+                    *stat_keys(k, now),
                     k.beats,
+                    k.metrics_minute(minute(now)),
+                    k.metrics_totals,
                 ],
                 args,
             )
         except Exception:
-            m.ledger.give_counts_back(processed, failed)
+            m.ledger.give_counts_back(processed, failed, tally)
             raise
         if not registered and not self.unregistered:
             logger.error(

@@ -43,6 +43,13 @@ class Keys:
         self.periodic_last = f"{n}:periodic:last"
         self.results_prefix = f"{n}:result:"
         self.replicated = f"{n}:replicated"
+        self.metrics_prefix = f"{n}:metrics:"
+        self.metrics_totals = f"{n}:metrics:totals"
+        self.deploy_marks = f"{n}:metrics:marks"
+
+    def metrics_minute(self, minute: str) -> str:
+        """The per-job metrics of ``minute`` (``MINUTE_FORMAT``, UTC)."""
+        return self.metrics_prefix + minute
 
     def queue(self, name: str) -> str:
         return self.queue_prefix + name

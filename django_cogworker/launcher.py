@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django_cogworker import connection, middleware, stats, threads
+from django_cogworker import connection, metrics, middleware, stats, threads
 from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.errors import RedisAccessRefused, refusal_at_boot
 from django_cogworker.heartbeat import Heartbeat
@@ -193,9 +193,10 @@ class Launcher:
         m = self.manager
         k = m.keys
         try:
-            processed, failed = m.ledger.take_counts()
+            processed, failed, tally = m.ledger.take_counts()
             stats.count(m.client, k, processed=processed, failed=failed)
             pipe = m.client.pipeline(transaction=False)
+            metrics.write(pipe, k, tally)  # what ran since the last beat
             for key in (
                 k.process(m.identity),
                 k.workers(m.identity),

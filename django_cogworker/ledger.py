@@ -6,7 +6,8 @@ may fill (reserved), and which finished jobs still owe Redis an ack or a
 filing (pending). Strays are judged from this memory, never from Redis
 (G7), and a pending job is never run again (G6). The jobs running, held and
 reserved never add up to more than ``CONCURRENCY`` (G19). It also counts
-the jobs processed and failed since the last beat.
+the jobs processed and failed since the last beat, and tallies each job
+name's runs and times for the metrics (``metrics.Tally``).
 
 Everything is guarded by one lock; threads waiting for a slot wait on a
 condition of that lock.
@@ -20,6 +21,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from django_cogworker.errors import BadPayload
+from django_cogworker.metrics import Tally
 from django_cogworker.payload import Payload, decode
 
 #: How long a thread whose job is being fetched by another thread's call
@@ -117,6 +119,7 @@ class Ledger:
         self._suspect = False
         self.processed = 0
         self.failed = 0
+        self.tally = Tally()
 
     # -- slots (G19) -------------------------------------------------------------
 
@@ -178,14 +181,19 @@ class Ledger:
             self.running[index] = Running(work, time.time())
             self._running_raw[work.raw] += 1
 
-    def finished(self, index: int, work: UnitOfWork, failed: bool | None) -> None:
-        """``failed`` is None when the job did not run to an outcome."""
+    def finished(
+        self, index: int, work: UnitOfWork, failed: bool | None, ran: tuple[str, float] | None = None
+    ) -> None:
+        """``failed`` is None when the job did not run to an outcome; ``ran``
+        is the job's name and execution time when its function was called."""
         with self._slots:
             self.running.pop(index, None)
             _decrement(self._running_raw, work.raw)
             if failed is not None:
                 self.processed += 1
                 self.failed += failed
+                if ran is not None:
+                    self.tally.add(ran[0], ran[1], failed)
             self._slots.notify_all()
 
     def running_now(self) -> list[tuple[int, Running]]:
@@ -246,16 +254,18 @@ class Ledger:
 
     # -- counts for the heartbeat -----------------------------------------------------------
 
-    def take_counts(self) -> tuple[int, int]:
+    def take_counts(self) -> tuple[int, int, Tally]:
         with self.lock:
-            counts = (self.processed, self.failed)
+            counts = (self.processed, self.failed, self.tally)
             self.processed = self.failed = 0
+            self.tally = Tally()
             return counts
 
-    def give_counts_back(self, processed: int, failed: int) -> None:
+    def give_counts_back(self, processed: int, failed: int, tally: Tally) -> None:
         with self.lock:
             self.processed += processed
             self.failed += failed
+            self.tally.merge(tally)
 
 
 def _decrement(counter: Counter[bytes], raw: bytes) -> None:

@@ -135,10 +135,10 @@ class Processor:
         # again though it had finished (G19).
         if outcome.kind == execution.ACK and crew.fetching.reliable and not work.recovered:
             crew.ledger.owe(work.raw, ACK)
-            crew.ledger.finished(self.index, work, outcome.failed)
+            crew.ledger.finished(self.index, work, outcome.failed, outcome.ran)
             return (work, outcome.jid)
         crew.settler.settle(work, outcome)
-        crew.ledger.finished(self.index, work, outcome.failed)
+        crew.ledger.finished(self.index, work, outcome.failed, outcome.ran)
         return None
 
     def marked(self, work: UnitOfWork) -> bool:

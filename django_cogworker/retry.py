@@ -52,10 +52,20 @@ def error_class(exc: BaseException) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def with_failure(payload: Payload, exc: BaseException, now: float) -> Payload:
+#: Attempts a payload remembers (``attempts``): the latest ones.
+ATTEMPTS_KEPT = 25
+
+
+def with_failure(payload: Payload, exc: BaseException, now: float, took_s: float | None = None) -> Payload:
     """The payload with this failure recorded (``retry_count`` counts from 0
-    at the first failure, so an exhausted ``retry=N`` job shows N)."""
+    at the first failure, so an exhausted ``retry=N`` job shows N), and,
+    when ``took_s`` is given, this attempt in ``attempts``: when it
+    started, how long it ran, how it ended (the job page's timeline)."""
     failed = dict(payload)
+    if took_s is not None:
+        earlier = failed.get("attempts")
+        attempt = {"started_at": round(now - took_s, 6), "ran_s": round(took_s, 6), "error": error_class(exc)}
+        failed["attempts"] = [*(earlier if isinstance(earlier, list) else []), attempt][-ATTEMPTS_KEPT:]
     count = int(failed["retry_count"]) + 1 if isinstance(failed.get("retry_count"), int) else 0
     failed["retry_count"] = count
     failed["error_class"] = error_class(exc)

@@ -31,6 +31,11 @@ def today() -> str:
     return time.strftime("%Y-%m-%d", time.gmtime())
 
 
+def minute(at_s: float | None = None) -> str:
+    """The minute of the per-minute counters and metrics (UTC)."""
+    return time.strftime(MINUTE_FORMAT, time.gmtime(at_s))
+
+
 def stat_keys(keys: Keys, at_s: float | None = None) -> list[str]:
     """The six counters at ``at_s`` (epoch seconds, now by default), in the
     order count_stats.lua takes them: totals, the UTC day's, the UTC

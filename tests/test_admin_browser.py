@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import shutil
 import signal
@@ -26,7 +27,8 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import sync_playwright
 
-from django_cogworker import api
+from django_cogworker import api, metrics
+from django_cogworker.keys import keys
 from django_cogworker.payload import encode
 from testproject.testapp import jobs
 from tests.conftest import ROOT, wait_for
@@ -372,5 +374,56 @@ def check_pages(cog, worker, url: str, page: Any) -> None:
     page.goto(f"{url}{BASE}dead/")
     shots.take(page, "dead-dark")
 
+    # The metrics tab (dark, then light) and one job's page, with a deploy mark.
+    fill_metrics(cog)
+    page.goto(f"{url}{BASE}metrics/")
+    shots.take(page, "metrics-dark")
+    page.emulate_media(color_scheme="light")
+    page.goto(f"{url}{BASE}metrics/")
+    assert page.locator("#cog-metrics-jobs tbody tr").count() == len(METRIC_JOBS)
+    first_row = page.locator("#cog-metrics-jobs tbody tr:nth-child(1) th").inner_text()
+    assert first_row == "shop.reports.build_monthly"  # the most total time
+    assert page.locator("#cog-metrics-runs svg.cog-chart rect.minute").count() == 60
+    assert page.locator("svg.cog-chart g.mark").count() == 1
+    shots.take(page, "metrics")
+    if shots.update_docs:
+        shutil.copyfile(ARTIFACTS / "admin-metrics.png", DOCS_IMG / "metrics.png")
+    page.click("#cog-metrics-jobs a:text('shop.billing.charge_card')")
+    page.wait_for_url("**/metrics/shop.billing.charge_card/?hours=1")
+    assert page.locator("svg.cog-chart g.mark").count() == 2  # runs and mean
+    assert page.locator("#cog-job-histogram svg rect.mean").count() == len(metrics.BUCKETS_S) + 1
+    shots.take(page, "metrics-job")
+
     assert errors == []
-    assert len(shots.taken) == 16
+    assert len(shots.taken) == 19
+
+
+#: Job names of the metrics page's data: (name, seconds a run takes, every how
+#: many runs one fails (0: none), runs per minute).
+METRIC_JOBS = [
+    ("shop.mail.send_receipt", 0.08, 0, 24),
+    ("shop.billing.charge_card", 0.45, 12, 9),
+    ("shop.reports.build_monthly", 14.0, 0, 1),
+    ("shop.search.reindex", 1.2, 40, 3),
+    ("shop.mail.send_reminder", 0.012, 0, 30),
+]
+
+
+def fill_metrics(cog) -> None:
+    """An hour of per-job figures, as workers write them, and a deploy 25
+    minutes ago after which card charges got slower."""
+    now = time.time()
+    pipe = cog.redis.pipeline(transaction=False)
+    for back in range(60):
+        tally = metrics.Tally()
+        for j, (name, took_s, fail_every, per_minute) in enumerate(METRIC_JOBS):
+            slower = 2.2 if name == "shop.billing.charge_card" and back < 25 else 1.0
+            busy = 1 + 0.4 * math.sin(back / 7 + j)  # traffic comes and goes
+            for i in range(max(0, round(per_minute * busy) + (back * 7 + j * 3) % 5 - 2)):
+                spread = 0.5 + ((back * 31 + i * 17 + j) % 100) / 80
+                failed = bool(fail_every) and (back * per_minute + i) % fail_every == 0
+                tally.add(name, took_s * spread * slower, failed)
+        metrics.write(pipe, keys(cog.namespace), tally, now - 60 * back)
+    pipe.execute()
+    api.mark_deploy("v1.4.2", at=now - 25 * 60)
+    api.mark_deploy("v1.4.1", at=now - 3 * 3600)  # not in the last hour

@@ -543,3 +543,30 @@ def test_e026_the_wait_for_replicas_must_end_before_the_socket_timeout():
         run({"ENQUEUE_WAIT_REPLICAS": 0, "ENQUEUE_WAIT_TIMEOUT": 5, "REDIS_OPTIONS": {"socket_timeout": 2}})
         == []
     )
+
+
+E027_HINT = (
+    "Set it to a long random string (secrets.token_urlsafe(32)), "
+    "or to None to let only staff sessions read the metrics view."
+)
+
+
+@pytest.mark.parametrize(
+    ("token", "got"),
+    [("", "an empty string"), (b"s3cret", "a value of type bytes"), (123, "a value of type int")],
+)
+def test_e027_metrics_token(token, got):
+    assert run({"METRICS_TOKEN": token}) == [
+        error(
+            f"COGWORKER['METRICS_TOKEN'] must be a non-empty string or None, got {got}.",
+            E027_HINT,
+            "cogworker.E027",
+        )
+    ]
+
+
+def test_e027_a_metrics_token_or_none_is_valid_and_never_shown():
+    assert run({"METRICS_TOKEN": None}) == []
+    assert run({"METRICS_TOKEN": "s3cret"}) == []
+    [found] = run({"METRICS_TOKEN": b"s3cret"})
+    assert "s3cret" not in f"{found.msg} {found.hint}"

@@ -11,10 +11,11 @@ are escaped there.
 
 One module per tab: ``dashboard``, ``queues``, ``busy``, ``sets`` (the
 scheduled, retries, dead and unsettled lists, one job's page, and their
-actions), ``periodic``. Shared by them: ``helpers`` (context, permissions,
-URLs, pagination, rendering, the rows several tabs list), ``display`` (how
-values read) and ``chart`` (the dashboard's history chart, pure
-functions). ``urls`` routes them.
+actions), ``periodic``, ``metrics`` (per-job figures and one job's page).
+Shared by them: ``helpers`` (context, permissions, URLs, pagination,
+rendering, the rows several tabs list), ``display`` (how values read),
+``chart`` (the dashboard's charts) and ``metrics_chart`` (the metrics
+pages' charts), pure functions. ``urls`` routes them.
 """
 
 from __future__ import annotations

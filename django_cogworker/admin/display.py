@@ -82,11 +82,47 @@ def args_text(record: api.JobRecord) -> str:
     return json_line(record.args, record.kwargs)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    started: When | None
+    ran_for: str
+    error: str
+
+
+def attempts(payload: Any) -> tuple[list[Attempt], int]:
+    """The failed attempts a payload remembers (``attempts``, written by the
+    worker), oldest first, and how many of its entries were malformed."""
+    entries = payload.get("attempts") if isinstance(payload, dict) else None
+    if not isinstance(entries, list):
+        return [], 0
+    rows, malformed = [], 0
+    for entry in entries:
+        ran = entry.get("ran_s") if isinstance(entry, dict) else None
+        if not isinstance(ran, int | float) or isinstance(ran, bool) or not 0 <= ran < 1e9:
+            malformed += 1
+            continue
+        error = entry.get("error")
+        ran_for = f"{ran:.3f} s" if ran < 10 else duration_text(ran)
+        rows.append(Attempt(0, When.of(entry.get("started_at")), ran_for, str(error or "")))
+    # Numbered from the latest: the payload keeps the last retry.ATTEMPTS_KEPT only.
+    first = max(1, int(payload.get("retry_count") or 0) + 2 - len(rows)) if _is_count(payload) else 1
+    return [Attempt(first + i, a.started, a.ran_for, a.error) for i, a in enumerate(rows)], malformed
+
+
+def _is_count(payload: dict[str, Any]) -> bool:
+    count = payload.get("retry_count")
+    return isinstance(count, int) and not isinstance(count, bool) and 0 <= count < 10**9
+
+
 def job_details(record: api.JobRecord) -> dict[str, Any]:
     """What the job page (``job.html``) shows of a stored job, whichever
     list or set holds it."""
+    timeline, malformed = attempts(record.payload)
     return {
         "record": record,
+        "attempts": timeline,
+        "attempts_malformed": malformed,
         "args_json": pretty_json(record.args),
         "kwargs_json": pretty_json(record.kwargs),
         "backtrace": backtrace_text(record.error_backtrace),

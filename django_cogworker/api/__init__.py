@@ -21,12 +21,14 @@ One module per role:
 - ``processes``: ``ProcessSet``, ``Workers``, ``RunningJob``, ``InProgress``;
 - ``stats``: ``Stats`` and its daily history;
 - ``periodic``: ``PeriodicEntries``;
+- ``metrics``: the per-job figures, and ``mark_deploy()``;
 - ``parsing``: reading untrusted entries and fields, and the byte-level
   prefilters of the sets' search.
 """
 
 from __future__ import annotations
 
+from django_cogworker.api.metrics import DeployMark, deploy_marks, mark_deploy
 from django_cogworker.api.periodic import PeriodicEntries, PeriodicEntry
 from django_cogworker.api.processes import InProgress, ProcessRecord, ProcessSet, RunningJob, Workers
 from django_cogworker.api.queues import Queue
@@ -39,6 +41,7 @@ __all__ = [
     "BULK_BATCH_SIZE",
     "PAGE_SIZE",
     "DeadSet",
+    "DeployMark",
     "InProgress",
     "JobRecord",
     "JobSet",
@@ -55,5 +58,7 @@ __all__ = [
     "UnsettledSet",
     "Workers",
     "bulk",
+    "deploy_marks",
     "job_names",
+    "mark_deploy",
 ]

@@ -18,12 +18,24 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from django_cogworker.api.parsing import Listing, is_wrong_type, loads_object, names_in, unless_wrong_type
 from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
+
+
+def wait_s(oldest: Any, now: float) -> float:
+    """How long the job ``oldest`` (a queue's last entry, or None) has waited:
+    0 when there is none, or when its ``enqueued_at`` is not a finite time."""
+    if oldest is None:
+        return 0.0
+    at = (loads_object(oldest) or {}).get("enqueued_at")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        return 0.0  # -1e400 reads as -inf: a wait of forever would tell nothing
+    return max(0.0, now - float(at))
 
 
 class Queue:
@@ -65,14 +77,7 @@ class Queue:
     def latency(self) -> float:
         """Seconds the oldest job has waited (0 when empty, or when its
         ``enqueued_at`` is not a finite time)."""
-        oldest = unless_wrong_type(lambda: get_redis().lindex(self.key, -1), None)
-        if oldest is None:
-            return 0.0
-        payload = loads_object(oldest) or {}
-        at = payload.get("enqueued_at")
-        if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
-            return 0.0  # -1e400 reads as -inf: a wait of forever would tell nothing
-        return max(0.0, time.time() - float(at))
+        return wait_s(unless_wrong_type(lambda: get_redis().lindex(self.key, -1), None), time.time())
 
     @property
     @redis_boundary("read whether a queue is paused")

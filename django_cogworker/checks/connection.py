@@ -1,8 +1,9 @@
 """Checks of how ``COGWORKER`` reaches Redis: the URL and the embedded server
 (E008, E009, E021), the cache alias (E010), redis-py's and the sentinels'
 options (E011, E025), the key namespace (E012, and its hash tag on a
-Cluster: E024) and the wait of confirmed enqueue (E026). A URL in a message is
-shown with its password masked."""
+Cluster: E024), the wait of confirmed enqueue (E026) and the bearer token
+of the metrics view (E027). A URL in a message is shown with its password
+masked; a token never is shown."""
 
 from __future__ import annotations
 
@@ -115,6 +116,18 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
                 "Otherwise the wait for replicas times out the connection: the job is pushed but "
                 ".delay() raises RedisUnavailable, and redis-py may send the push again.",
                 "cogworker.E026",
+            )
+        )
+    token = values["METRICS_TOKEN"]
+    if token is not None and (not isinstance(token, str) or not token):
+        # The value is a secret: its type is shown, never the value.
+        errors.append(
+            error(
+                "COGWORKER['METRICS_TOKEN'] must be a non-empty string or None, got "
+                + ("an empty string." if token == "" else f"a value of type {type(token).__name__}."),
+                "Set it to a long random string (secrets.token_urlsafe(32)), "
+                "or to None to let only staff sessions read the metrics view.",
+                "cogworker.E027",
             )
         )
     return errors

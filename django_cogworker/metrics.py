@@ -1,0 +1,213 @@
+"""Per-job metrics: what each job name ran, how often it failed, how long it
+took (SPEC section 12).
+
+Duties:
+
+- :class:`Tally` aggregates in the worker's memory, per job name, the runs,
+  failures, total execution time and a fixed-bucket histogram of execution
+  times since the last beat. The heartbeat writes it in its own script call
+  (no extra round trip per job, none per beat) with ``HINCRBY`` into the
+  minute's hash ``N:metrics:<YYYY-MM-DDTHH:MM>`` (kept ``METRICS_TTL_S``)
+  and into the cumulative ``N:metrics:totals`` (the Prometheus counters).
+- :func:`parse` reads such a hash back, and :class:`JobFigures` answers the
+  questions the pages ask (mean, percentiles from the histogram).
+
+Field names in both hashes: ``<job>|r`` runs, ``<job>|f`` failures,
+``<job>|us`` total execution time in microseconds, ``<job>|h<i>`` runs whose
+time fell in bucket ``i`` of ``BUCKETS_S``. A job's figures land in the
+minute of the beat that carries them, as the processed counters do.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from django_cogworker.keys import Keys
+from django_cogworker.stats import minute
+
+#: Upper bounds of the execution-time histogram's buckets (s); the last
+#: bucket, index len(BUCKETS_S), holds everything slower.
+BUCKETS_S: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+
+#: How long a minute's hash is kept: the Metrics page looks back this far.
+METRICS_TTL_S = 8 * 3600
+
+#: The hours the Metrics page offers.
+HOURS = (1, 2, 4, 8)
+
+RUNS, FAILURES, TIME_US, BUCKET = "r", "f", "us", "h"
+
+
+def bucket_of(took_s: float) -> int:
+    return bisect.bisect_left(BUCKETS_S, took_s)
+
+
+class Tally:
+    """A process's figures since the last beat. Not thread-safe: the
+    ledger calls it under its own lock."""
+
+    def __init__(self) -> None:
+        #: job name -> [runs, failures, total µs, bucket counts...]
+        self.jobs: dict[str, list[int]] = {}
+
+    def add(self, name: str, took_s: float, failed: bool) -> None:
+        row = self.jobs.get(name)
+        if row is None:
+            row = self.jobs[name] = [0] * (3 + len(BUCKETS_S) + 1)
+        row[0] += 1
+        row[1] += failed
+        row[2] += int(took_s * 1_000_000)
+        row[3 + bucket_of(took_s)] += 1
+
+    def merge(self, other: Tally) -> None:
+        for name, counts in other.jobs.items():
+            row = self.jobs.get(name)
+            if row is None:
+                self.jobs[name] = list(counts)
+            else:
+                for i, n in enumerate(counts):
+                    row[i] += n
+
+    def increments(self) -> list[str | int]:
+        """Field, increment pairs for HINCRBY (the zeros left out)."""
+        out: list[str | int] = []
+        for name, row in self.jobs.items():
+            for suffix, n in ((RUNS, row[0]), (FAILURES, row[1]), (TIME_US, row[2])):
+                if n:
+                    out += [f"{name}|{suffix}", n]
+            for i, n in enumerate(row[3:]):
+                if n:
+                    out += [f"{name}|{BUCKET}{i}", n]
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs)
+
+
+def write(pipe: Any, keys: Keys, tally: Tally, at_s: float | None = None) -> None:
+    """Adds ``tally``'s increments to a pipeline, as the heartbeat's script
+    writes them: for a process's last figures as it stops."""
+    increments = tally.increments()
+    if not increments:
+        return
+    minute_key = keys.metrics_minute(minute(at_s))
+    for i in range(0, len(increments), 2):
+        pipe.hincrby(minute_key, str(increments[i]), int(increments[i + 1]))
+        pipe.hincrby(keys.metrics_totals, str(increments[i]), int(increments[i + 1]))
+    pipe.expire(minute_key, METRICS_TTL_S)
+
+
+@dataclass
+class JobFigures:
+    """One job name's figures over some minutes."""
+
+    name: str
+    runs: int = 0
+    failures: int = 0
+    time_us: int = 0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_S) + 1))
+
+    @property
+    def total_s(self) -> float:
+        return self.time_us / 1_000_000
+
+    @property
+    def mean_s(self) -> float:
+        return self.total_s / self.runs if self.runs else 0.0
+
+    def add(self, other: JobFigures) -> None:
+        self.runs += other.runs
+        self.failures += other.failures
+        self.time_us += other.time_us
+        for i, n in enumerate(other.buckets):
+            self.buckets[i] += n
+
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of the execution time, estimated from the
+        histogram: interpolated inside its bucket (the slowest bucket has no
+        upper bound: its lower bound is answered)."""
+        count = sum(self.buckets)
+        if not count:
+            return 0.0
+        rank = q * count
+        seen = 0
+        for i, n in enumerate(self.buckets):
+            if n and seen + n >= rank:
+                if i >= len(BUCKETS_S):
+                    return BUCKETS_S[-1]
+                low = BUCKETS_S[i - 1] if i else 0.0
+                return low + (BUCKETS_S[i] - low) * max(0.0, min(1.0, (rank - seen) / n))
+            seen += n
+        return BUCKETS_S[-1]
+
+
+def _whole(value: Any) -> int | None:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    return n if n >= 0 else None
+
+
+def parse(raw: dict[bytes, bytes] | dict[str, str]) -> tuple[dict[str, JobFigures], int]:
+    """A metrics hash as figures per job name, and how many of its fields
+    were malformed (skipped: a field that is not ``<job>|<kind>`` or a
+    value that is not a whole number)."""
+    jobs: dict[str, JobFigures] = {}
+    malformed = 0
+    for key, value in raw.items():
+        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        name, _, kind = text.rpartition("|")
+        n = _whole(value)
+        if not name or n is None:
+            malformed += 1
+            continue
+        figures = jobs.get(name)
+        if figures is None:
+            figures = jobs[name] = JobFigures(name)
+        if kind == RUNS:
+            figures.runs += n
+        elif kind == FAILURES:
+            figures.failures += n
+        elif kind == TIME_US:
+            figures.time_us += n
+        elif kind.startswith(BUCKET) and kind[1:].isdigit() and int(kind[1:]) <= len(BUCKETS_S):
+            figures.buckets[int(kind[1:])] += n
+        else:
+            malformed += 1
+    return jobs, malformed
+
+
+def bucket_label(index: int) -> str:
+    """``≤ 25 ms``, ``≤ 2.5 s``, ``> 300 s``."""
+    if index >= len(BUCKETS_S):
+        return f"> {format_s(BUCKETS_S[-1])}"
+    return f"≤ {format_s(BUCKETS_S[index])}"
+
+
+def format_s(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    return f"{seconds:.3g} s"
