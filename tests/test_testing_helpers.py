@@ -147,6 +147,7 @@ def test_drain_runs_everything_queued_and_files_failures_like_a_worker(cog):
     assert unknown["error_class"] == "django_cogworker.errors.JobNotRegistered"
     assert "'no.such.job' is not registered" in unknown["error_message"]
     assert "jobs.py" in unknown["error_message"] and "restart the worker" in unknown["error_message"]
+    assert "run it with --reload" in unknown["error_message"]
     assert "retry this job from the Dead page" in unknown["error_message"]
     [garbage] = [e for e, _ in dead_entries.values() if "raw" in e]
     assert garbage["raw"] == "{not json"
