@@ -80,15 +80,15 @@ def configure(verbosity: int | None) -> logging.Handler | None:
     not given). Returns the handler it installed, if any."""
     install_filter()
     logger = logging.getLogger(LOGGER_NAME)
-    level = VERBOSITY_LEVELS.get(1 if verbosity is None else min(max(verbosity, 0), 3))
+    level = VERBOSITY_LEVELS[1 if verbosity is None else min(max(verbosity, 0), 3)]
     if logger.hasHandlers():  # the project's LOGGING reaches this logger
         if verbosity is not None:
-            logger.setLevel(level or logging.INFO)
+            logger.setLevel(level)
         return None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(DEFAULT_FORMAT))
     logger.addHandler(handler)
-    logger.setLevel(level or logging.INFO)
+    logger.setLevel(level)
     if verbosity is not None and verbosity >= 3:
         root = logging.getLogger()
         root.addHandler(handler)

@@ -24,7 +24,7 @@ from tests.conftest import wait_for
 URL = "/cogworker/metrics"
 TOKEN = "s3cret-metrics-token"
 
-# The endpoint as a project includes it (docs/observability-prometheus.md).
+# The endpoint as a project includes it (docs/observability.md).
 urlpatterns = [path("cogworker/metrics", views.metrics)]
 pytestmark = pytest.mark.urls(__name__)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from django_cogworker.api.metrics import DeployMark, deploy_marks, mark_deploy
 from django_cogworker.api.periodic import PeriodicEntries, PeriodicEntry
 from django_cogworker.api.processes import InProgress, ProcessRecord, ProcessSet, RunningJob, Workers
-from django_cogworker.api.queues import Queue
+from django_cogworker.api.queues import Queue, QueueFigures, queue_figures
 from django_cogworker.api.records import ACTIONS, BULK_BATCH_SIZE, PAGE_SIZE, JobRecord, bulk, job_names
 from django_cogworker.api.sets import DeadSet, JobSet, RetrySet, ScheduledSet, SortedSet, UnsettledSet
 from django_cogworker.api.stats import Stats
@@ -50,6 +50,7 @@ __all__ = [
     "ProcessRecord",
     "ProcessSet",
     "Queue",
+    "QueueFigures",
     "RetrySet",
     "RunningJob",
     "ScheduledSet",
@@ -61,4 +62,5 @@ __all__ = [
     "deploy_marks",
     "job_names",
     "mark_deploy",
+    "queue_figures",
 ]

@@ -9,6 +9,9 @@ that they can be paused in advance. A malformed record (a member of
 ``N:queues`` that is not UTF-8, ``N:paused`` or a queue of the wrong type,
 a job time that is not finite) is skipped or read as a default, with a
 note in ``Queue.all().skipped``: never an exception (SPEC section 8).
+``queue_figures()`` reads the size, latency and paused flag of many queues
+in one round trip (the Queues page, the metrics endpoint, the status
+command).
 Redis errors reach the caller as ``CogworkerError``
 (``errors.redis_boundary``).
 """
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from django_cogworker.api.parsing import Listing, is_wrong_type, loads_object, names_in, unless_wrong_type
@@ -36,6 +40,15 @@ def wait_s(oldest: Any, now: float) -> float:
     if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
         return 0.0  # -1e400 reads as -inf: a wait of forever would tell nothing
     return max(0.0, now - float(at))
+
+
+@dataclass(frozen=True)
+class QueueFigures:
+    name: str
+    size: int
+    #: How long its oldest job has waited (s); 0 when empty.
+    latency_s: float
+    paused: bool
 
 
 class Queue:
@@ -121,3 +134,28 @@ class Queue:
 
 def _text(reply: bytes | str) -> str:
     return reply.decode() if isinstance(reply, bytes) else reply
+
+
+@redis_boundary("read the queues' sizes and latencies")
+def queue_figures(queues: Iterable[Queue], *, now: float | None = None) -> list[QueueFigures]:
+    """Size, latency and paused flag of each of ``queues``, in one pipelined
+    round trip: ``Queue.size``, ``.latency`` and ``.paused`` alike."""
+    queues = list(queues)
+    paused_key = get_keys().paused
+    pipe = get_redis().pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(queue.key)
+        pipe.lindex(queue.key, -1)
+        pipe.sismember(paused_key, queue.name)
+    replies = pipe.execute(raise_on_error=False)
+    now = time.time() if now is None else now
+    out = []
+    for i, queue in enumerate(queues):
+        size, oldest, paused = replies[3 * i : 3 * i + 3]
+        # A key of the wrong type reads as empty, not paused (``Queue.all()``
+        # notes it); any other error is raised.
+        size = 0 if is_wrong_type(size) else int(size)
+        oldest = None if is_wrong_type(oldest) else oldest
+        paused = False if is_wrong_type(paused) else bool(paused)
+        out.append(QueueFigures(queue.name, size, wait_s(oldest, now), paused))
+    return out

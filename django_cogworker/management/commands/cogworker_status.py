@@ -27,8 +27,8 @@ LIVE, NO_PROCESS, NO_REDIS = 0, 1, 2
 
 
 def snapshot() -> dict[str, Any]:
-    """Everything the command reports, read from Redis (CogworkerError when
-    Redis cannot be read)."""
+    """Everything the command reports, read from Redis in a fixed number of
+    round trips (CogworkerError when Redis cannot be read)."""
     now = time.time()
     processes = [
         {
@@ -45,14 +45,15 @@ def snapshot() -> dict[str, Any]:
         for p in api.ProcessSet().all()
     ]
     queues = [
-        {"name": q.name, "size": q.size, "latency_s": round(q.latency, 3), "paused": q.paused}
-        for q in api.Queue.all()
+        {"name": q.name, "size": q.size, "latency_s": round(q.latency_s, 3), "paused": q.paused}
+        for q in api.queue_figures(api.Queue.all())
     ]
+    stats = api.Stats()
     sizes = {
-        "scheduled": api.ScheduledSet().size,
-        "retry": api.RetrySet().size,
-        "dead": api.DeadSet().size,
-        "unsettled": api.UnsettledSet().size,
+        "scheduled": stats.scheduled_size,
+        "retry": stats.retry_size,
+        "dead": stats.dead_size,
+        "unsettled": stats.unsettled_size,
     }
     return {"processes": processes, "queues": queues, **sizes}
 
