@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
@@ -25,6 +25,9 @@ from django_cogworker.conf import Config
 from django_cogworker.context import JobContext, reset_current, set_current
 from django_cogworker.errors import BadPayload, JobNotRegistered
 from django_cogworker.payload import Payload, decode, encode, salvage
+
+if TYPE_CHECKING:
+    from django_cogworker.job import Job
 
 logger = logging.getLogger("django_cogworker")
 
@@ -115,7 +118,6 @@ def execute(
                 raise
             took_s = time.monotonic() - began
             outcome = failure(payload, exc, config, job, took_s)
-            outcome.ran = (job.name, took_s)
             run.after(_result(outcome, exc))
         else:
             took_s = time.monotonic() - began
@@ -141,29 +143,30 @@ def _result(outcome: Outcome, exc: BaseException) -> middleware.Result:
     return middleware.Result(middleware.DROPPED, exc)
 
 
-def failure(payload: Payload, exc: BaseException, config: Config, job: Any, took_s: float) -> Outcome:
+def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took_s: float) -> Outcome:
     """The outcome of a failed run, and its one WARNING line: the job, its
     jid, the exception's class and message, what happens next."""
     now = time.time()
     failed = retry.with_failure(payload, exc, now, took_s)
     count = failed["retry_count"]
     jid = failed.get("jid", "")
+    ran = (job.name, took_s)
     call_error_handlers(exc, failed, config)
     what = f"failed ({failed['error_class']}: {failed['error_message'][:500]}) after {took_s:.3f}s"
     if count < retry.max_retries(failed, config.default_retry):
         delay = retry.backoff_s(count, exc, job)
         logger.warning("jid=%s %s %s; retry %d in %.1fs", jid, failed["job"], what, count + 1, delay)
-        return Outcome(RETRY, failed, now + delay, failed=True, jid=jid)
-    if job is not None and job.on_exhausted is not None:
+        return Outcome(RETRY, failed, now + delay, failed=True, jid=jid, ran=ran)
+    if job.on_exhausted is not None:
         try:
             job.on_exhausted(failed, exc)
         except Exception:
             logger.exception("on_exhausted of job %s failed", failed["job"])
     if failed.get("dead", True) is False:
         logger.warning("jid=%s %s %s; exhausted its retries; dropped (dead=False)", jid, failed["job"], what)
-        return Outcome(ACK, failed=True, jid=jid)
+        return Outcome(ACK, failed=True, jid=jid, ran=ran)
     logger.warning("jid=%s %s %s; exhausted its retries; moved to dead", jid, failed["job"], what)
-    return Outcome(DEAD, failed, now, failed=True, jid=jid)
+    return Outcome(DEAD, failed, now, failed=True, jid=jid, ran=ran)
 
 
 def call_error_handlers(exc: BaseException, payload: Payload, config: Config) -> None:
