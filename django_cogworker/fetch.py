@@ -183,6 +183,9 @@ class ReliableFetch(Fetcher):
     together never fetch for the same free threads, and a job fetched for
     another thread waits in memory (on the in-progress list, known to the
     ledger as held, so never a stray) only until that thread picks it up.
+    One such call is in flight at a time: threads finishing meanwhile wait
+    for it and share the next one, so a busy worker sends one call for
+    several jobs (a thread blocking on BLMOVE does not count as in flight).
     An ack waits in memory (as a pending ack, never to be run again) for the
     next call. When the queues run dry, a thread acknowledges at once, and
     with one queue it then blocks on BLMOVE."""
@@ -250,6 +253,7 @@ class ReliableFetch(Fetcher):
                 if found or len(queues) > 1:
                     if found:
                         self.report_broken_queue(found[1])
+                    self.ctx.ledger.shrink(slots, 0)
                     self.idle_sleep()
                     return []
             self.ctx.ledger.shrink(slots, 1)
@@ -261,6 +265,7 @@ class ReliableFetch(Fetcher):
                 raise UnsupportedServer(str(exc)) from exc
             if "WRONGTYPE" in str(exc):
                 self.report_broken_queue(f"{k.queue(queues[0])}: {exc}".encode())
+                self.ctx.ledger.shrink(slots, 0)
                 self.idle_sleep()
                 return []
             raise

@@ -114,6 +114,11 @@ class Ledger:
         # running, and not a stray either.
         self.held: Counter[bytes] = Counter()
         self.reserved = 0
+        # A fetch call is in flight that does not block on the server: the
+        # threads wanting a job meanwhile wait for it and then share the
+        # next call (one call brings jobs for all of them, as a group commit
+        # does), instead of each sending its own call for one job.
+        self.calling = False
         self.pending: dict[bytes, Pending] = {}
         self.interrupted: set[bytes] = set()
         self._suspect = False
@@ -135,21 +140,24 @@ class Ledger:
                 if self.quiet.is_set():
                     return None
                 free = self.concurrency - len(self.running) - sum(self.held.values()) - self.reserved
-                if free > 0:
+                if free > 0 and not self.calling:
                     if most is not None:
                         free = min(free, most)
                     self.reserved += free
+                    self.calling = True
                     return Slots(free)
                 self._slots.wait(SLOT_WAIT_S)
 
     def shrink(self, slots: Slots, count: int) -> None:
-        """Gives back all but ``count`` of a reservation (a thread about to
-        block for one job must not keep the others waiting)."""
+        """Gives back all but ``count`` of a reservation, and lets the other
+        threads call: a thread about to block for one job, or to pause with
+        none, must not keep the others waiting."""
         with self._slots:
+            self.calling = False
             if slots.count > count:
                 self.reserved -= slots.count - count
                 slots.count = count
-                self._slots.notify_all()
+            self._slots.notify_all()
 
     def fetched(self, works: list[UnitOfWork], slots: Slots, buffer: deque[UnitOfWork]) -> None:
         """Ends a reservation: the jobs a call brought are held (the first
@@ -157,10 +165,13 @@ class Ledger:
         with self._slots:
             self.reserved -= slots.count
             slots.count = 0
+            self.calling = False
             for work in works:
                 self.held[work.raw] += 1
             buffer.extend(works[1:])
-            self._slots.notify_all()
+            # One waiter for each job left in the buffer, and one to make
+            # the next call (a waiter also looks again every SLOT_WAIT_S).
+            self._slots.notify(max(1, len(works)))
 
     def unhold(self, work: UnitOfWork) -> None:
         """A held job that will not run here (given back, or not ours)."""
@@ -194,7 +205,10 @@ class Ledger:
                 self.failed += failed
                 if ran is not None:
                     self.tally.add(ran[0], ran[1], failed)
-            self._slots.notify_all()
+            if not self.calling:
+                # A slot is free for a waiter; while a call is in flight,
+                # its end wakes them (waking them now only costs the GIL).
+                self._slots.notify()
 
     def running_now(self) -> list[tuple[int, Running]]:
         with self.lock:
