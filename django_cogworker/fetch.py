@@ -183,9 +183,8 @@ class ReliableFetch(Fetcher):
     together never fetch for the same free threads, and a job fetched for
     another thread waits in memory (on the in-progress list, known to the
     ledger as held, so never a stray) only until that thread picks it up.
-    One such call is in flight at a time: threads finishing meanwhile wait
-    for it and share the next one, so a busy worker sends one call for
-    several jobs (a thread blocking on BLMOVE does not count as in flight).
+    One such call is in flight at a time (BLMOVE aside): threads finishing
+    meanwhile wait for it and share the next one, one call for several jobs.
     An ack waits in memory (as a pending ack, never to be run again) for the
     next call. When the queues run dry, a thread acknowledges at once, and
     with one queue it then blocks on BLMOVE."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 
+from django_cogworker.ledger import Ledger, Slots, UnitOfWork
 from django_cogworker.payload import decode, encode
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, wait_for
@@ -135,3 +136,43 @@ def test_g19_threads_finishing_together_fetch_within_the_bound(cog, in_process):
     assert 1 <= peak <= CONCURRENCY, peak
     assert runs(cog) == Counter({jid: 1 for jid in jids})
     assert leftovers(cog) == {}
+
+
+def test_g19_threads_finishing_during_a_fetch_call_wait_for_it_and_share_the_next():
+    """The ledger alone: while one thread's fetch call is in flight, a thread
+    that wants a job waits; when the call ends, the jobs it brought for the
+    waiting threads are theirs, and the next waiter to find none reserves
+    the slots of every free thread for one call, never more than the bound."""
+    ledger = Ledger(4, threading.Event())
+    buffer: deque[UnitOfWork] = deque()
+    running = [UnitOfWork("default", raw) for raw in (b"r0", b"r1")]
+    for index, work in enumerate(running):
+        ledger.started(index, work)
+    first = ledger.reserve(buffer)  # the two threads not running: one call
+    assert isinstance(first, Slots) and first.count == 2
+    for index, work in enumerate(running):  # both finish while it is in flight
+        ledger.finished(index, work, False)
+    got: list[object] = []
+
+    def wants() -> None:
+        got.append(ledger.reserve(buffer))
+
+    waiters = [threading.Thread(target=wants) for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.3)  # long enough for both to reach the condition
+    assert got == []  # two slots are free, but a call is in flight: no second one
+    brought = [UnitOfWork("default", raw) for raw in (b"a", b"b")]
+    ledger.fetched(brought, first, buffer)  # one for the caller, one for a waiter
+    for waiter in waiters:
+        waiter.join(5)
+    assert not any(waiter.is_alive() for waiter in waiters)
+    handed = [g for g in got if isinstance(g, UnitOfWork)]
+    reserved = [g for g in got if isinstance(g, Slots)]
+    assert handed == [brought[1]]
+    # Two held (the caller's and the waiter's): the other waiter reserved
+    # the two slots left, its own and the free thread's, for one call.
+    assert [s.count for s in reserved] == [2]
+    assert ledger.calling
+    ledger.fetched([], reserved[0], buffer)
+    assert not ledger.calling and ledger.reserved == 0
