@@ -96,9 +96,11 @@ class Running:
 
 @dataclass
 class Slots:
-    """Slots reserved for one fetch call."""
+    """Slots reserved for one fetch call; ``calling`` while that call is the
+    process's one call in flight (see ``Ledger.calling``)."""
 
     count: int
+    calling: bool = False
 
 
 class Ledger:
@@ -145,7 +147,7 @@ class Ledger:
                         free = min(free, most)
                     self.reserved += free
                     self.calling = True
-                    return Slots(free)
+                    return Slots(free, calling=True)
                 self._slots.wait(SLOT_WAIT_S)
 
     def shrink(self, slots: Slots, count: int) -> None:
@@ -153,7 +155,7 @@ class Ledger:
         threads call: a thread about to block for one job, or to pause with
         none, must not keep the others waiting."""
         with self._slots:
-            self.calling = False
+            self._end_call(slots)
             if slots.count > count:
                 self.reserved -= slots.count - count
                 slots.count = count
@@ -165,13 +167,19 @@ class Ledger:
         with self._slots:
             self.reserved -= slots.count
             slots.count = 0
-            self.calling = False
+            self._end_call(slots)
             for work in works:
                 self.held[work.raw] += 1
             buffer.extend(works[1:])
             # One waiter for each job left in the buffer, and one to make
             # the next call (a waiter also looks again every SLOT_WAIT_S).
             self._slots.notify(max(1, len(works)))
+
+    def _end_call(self, slots: Slots) -> None:
+        """The call of ``slots`` is no longer the one in flight (the lock is held)."""
+        if slots.calling:
+            slots.calling = False
+            self.calling = False
 
     def unhold(self, work: UnitOfWork) -> None:
         """A held job that will not run here (given back, or not ours)."""

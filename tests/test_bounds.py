@@ -176,3 +176,21 @@ def test_g19_threads_finishing_during_a_fetch_call_wait_for_it_and_share_the_nex
     assert ledger.calling
     ledger.fetched([], reserved[0], buffer)
     assert not ledger.calling and ledger.reserved == 0
+
+
+def test_g19_a_thread_back_from_blmove_does_not_end_another_threads_call():
+    """A thread about to block on BLMOVE lets the others call; when its
+    BLMOVE returns, the call another thread has in flight meanwhile is still
+    the one in flight (the next waiter does not send a second one)."""
+    ledger = Ledger(4, threading.Event())
+    buffer: deque[UnitOfWork] = deque()
+    blocking = ledger.reserve(buffer, 1)
+    assert isinstance(blocking, Slots)
+    ledger.shrink(blocking, 1)  # about to block: others may call
+    assert not ledger.calling
+    other = ledger.reserve(buffer)
+    assert isinstance(other, Slots) and other.count == 3 and ledger.calling
+    ledger.fetched([UnitOfWork("default", b"x")], blocking, buffer)  # BLMOVE brought a job
+    assert ledger.calling
+    ledger.fetched([], other, buffer)
+    assert not ledger.calling and ledger.reserved == 0
