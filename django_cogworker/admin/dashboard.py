@@ -36,6 +36,7 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         days = 30
     history = api.Stats.history(days)
     minutes = api.Stats.per_minute(LAST_HOUR_MINUTES)
+    listed = api.Queue.all()
     ctx = context(
         request,
         model_admin,
@@ -49,7 +50,7 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         minute_chart=chart.minute_chart(minutes),
         minute_processed=sum(p for _, p, _ in minutes),
         minute_failed=sum(f for _, _, f in minutes),
-        queues=queue_rows(model_admin),
+        queues=queue_rows(model_admin, listed),
         refresh_choices=REFRESH_CHOICES_S,
     )
     ctx["process_rows"] = process_rows(ctx["processes"])
@@ -60,7 +61,7 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         stats.malformed.values(),
         stats.skipped,
         ctx["processes"].skipped,
-        api.Queue.all().skipped,
+        listed.skipped,
         history.skipped,
     )
     return render(request, model_admin, "dashboard.html", ctx)

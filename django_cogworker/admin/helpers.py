@@ -10,7 +10,7 @@ through ``django_cogworker.api`` only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -203,9 +203,11 @@ class QueueRow:
     clear_url: str
 
 
-def queue_rows(model_admin: ModelAdmin) -> list[QueueRow]:
+def queue_rows(model_admin: ModelAdmin, queues: Iterable[api.Queue]) -> list[QueueRow]:
+    """The rows of ``queues`` (the page's one ``Queue.all()``, whose notes it
+    also shows), read in one round trip for them all."""
     rows = []
-    for queue in api.queue_figures(api.Queue.all()):  # one round trip for them all
+    for queue in api.queue_figures(queues):
         seg = segment(queue.name)
         rows.append(
             QueueRow(

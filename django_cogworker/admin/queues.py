@@ -30,8 +30,9 @@ from django_cogworker.errors import RedisRefused
 
 def queues(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     require_view(request, model_admin)
-    ctx = context(request, model_admin, title="Queues", tab="queues", queues=queue_rows(model_admin))
-    ctx["malformed_notes"] = malformed_notes(ctx["stats"].skipped, api.Queue.all().skipped)
+    listed = api.Queue.all()
+    ctx = context(request, model_admin, title="Queues", tab="queues", queues=queue_rows(model_admin, listed))
+    ctx["malformed_notes"] = malformed_notes(ctx["stats"].skipped, listed.skipped)
     return render(request, model_admin, "queues.html", ctx)
 
 
