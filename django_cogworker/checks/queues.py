@@ -1,7 +1,7 @@
 """Checks of what a worker fetches and how: ``QUEUES`` (E013, E014, the rule
 itself in :func:`django_cogworker.conf.queue_list_problems`), ``FETCH``
-(E015, the names of :data:`django_cogworker.fetch.STRATEGIES`) and
-``ENQUEUE_ON_COMMIT`` (E016)."""
+(E015, the names of :data:`django_cogworker.fetch.STRATEGIES`),
+``ENQUEUE_ON_COMMIT`` (E016) and ``CPU_AFFINITY`` (E028)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.checks import CheckMessage
 
+from django_cogworker.affinity import AUTO
 from django_cogworker.checks.base import error
 from django_cogworker.conf import QueueSpec, parse_queue, queue_list_problems
 from django_cogworker.fetch import STRATEGIES
@@ -76,4 +77,23 @@ def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E016",
             )
         )
+    if not cpu_affinity_valid(values["CPU_AFFINITY"]):
+        errors.append(
+            error(
+                f"COGWORKER['CPU_AFFINITY'] must be 'auto', None or a non-empty list of CPU numbers, "
+                f"got {values['CPU_AFFINITY']!r}.",
+                "'auto' (the default) keeps each worker process on one CPU; None lets it use any.",
+                "cogworker.E028",
+            )
+        )
     return errors
+
+
+def cpu_affinity_valid(value: Any) -> bool:
+    if value is None or value == AUTO:
+        return True
+    return (
+        isinstance(value, list | tuple)
+        and bool(value)
+        and all(isinstance(cpu, int) and not isinstance(cpu, bool) and cpu >= 0 for cpu in value)
+    )

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_cogworker import logs
+from django_cogworker import affinity, logs
 from django_cogworker.conf import get_config, parse_queue, queue_list_problems
 from django_cogworker.errors import RedisAccessRefused
 from django_cogworker.fetch import STRATEGIES
@@ -59,7 +59,8 @@ class Command(BaseCommand):
             timeout_s = options["shutdown_timeout"]
             if timeout_s is None:
                 timeout_s = get_config().shutdown_timeout_s
-            sys.exit(Supervisor(processes, child, timeout_s, reload=options["reload"]).run())
+            cpus = affinity.plan(get_config().cpu_affinity, processes)
+            sys.exit(Supervisor(cpus, child, timeout_s, reload=options["reload"]).run())
         self.run_one(options)
 
     @staticmethod
@@ -104,6 +105,7 @@ class Command(BaseCommand):
                 raise CommandError("--queue names a queue more than once: give it a weight instead")
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
+        affinity.apply(config.cpu_affinity)  # before the worker starts its threads
         launcher = Launcher(
             config,
             queues=queues,

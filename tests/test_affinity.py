@@ -1,0 +1,142 @@
+"""``CPU_AFFINITY``: the CPU a worker process keeps its threads on, read
+back from ``/proc`` of real worker processes (and of the children of a real
+``--processes`` supervisor), with jobs running through a real Redis."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+import pytest
+
+from django_cogworker import affinity
+from testproject.testapp import jobs
+from tests.conftest import wait_for
+from tests.test_supervisor import children_of, registered
+
+USABLE = affinity.usable()
+
+several_cpus = pytest.mark.skipif(
+    len(USABLE) < 2, reason="the test process may use one CPU only: nothing to choose between"
+)
+
+
+def allowed_cpus(pid: int) -> dict[int, set[int]]:
+    """Thread id -> the CPUs it may run on, for every thread of ``pid``."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            found[int(tid)] = os.sched_getaffinity(int(tid))
+    return found
+
+
+def cpus_of(pid: int) -> set[frozenset[int]]:
+    """The distinct CPU sets of the threads of ``pid``."""
+    return {frozenset(cpus) for cpus in allowed_cpus(pid).values()}
+
+
+def runs_a_job(cog, pid: int) -> None:
+    jobs.record.delay(tag="on-its-cpu")
+    wait_for(lambda: any(n["tag"] == "on-its-cpu" and n["pid"] == pid for n in cog.notes()), 20, "the job")
+
+
+@several_cpus
+def test_auto_keeps_every_thread_of_a_worker_on_one_cpu(cog):
+    worker = cog.start_worker("--concurrency", "4")
+    worker.identity()
+    runs_a_job(cog, worker.pid)
+    (only,) = cpus_of(worker.pid)  # the processor threads, heartbeat, poller... alike
+    assert len(only) == 1 and only <= set(USABLE)
+    assert len(allowed_cpus(worker.pid)) >= 4 + 1
+    (cpu,) = only
+    assert f"cogworker keeps its threads on CPU {cpu} (CPU_AFFINITY; None lets them run on any CPU)" in (
+        worker.log()
+    )
+
+
+def test_none_leaves_the_threads_to_the_os(cog):
+    worker = cog.start_worker(CPU_AFFINITY=None)
+    worker.identity()
+    runs_a_job(cog, worker.pid)
+    assert cpus_of(worker.pid) == {frozenset(USABLE)}
+    assert "keeps its threads on CPU" not in worker.log()
+
+
+def test_a_listed_cpu_is_the_one_used(cog):
+    cpu = USABLE[-1]
+    worker = cog.start_worker(CPU_AFFINITY=[cpu])
+    worker.identity()
+    runs_a_job(cog, worker.pid)
+    assert cpus_of(worker.pid) == {frozenset({cpu})}
+
+
+def test_a_cpu_that_cannot_be_used_is_logged_and_the_worker_runs_on_any(cog):
+    worker = cog.start_worker(CPU_AFFINITY=[4095])
+    worker.identity()
+    runs_a_job(cog, worker.pid)
+    assert cpus_of(worker.pid) == {frozenset(USABLE)}
+    assert re.search(
+        r"WARNING .*cogworker could not keep its threads on CPU 4095 \(.+\); they run on any CPU",
+        worker.log(),
+    )
+
+
+@several_cpus
+def test_processes_each_get_a_cpu_of_their_own(cog):
+    supervisor = cog.start_worker("--processes", "2", "--concurrency", "2")
+    wait_for(lambda: len(registered(cog)) == 2, 30, "both children to beat")
+    children = children_of(supervisor.pid)
+    assert set(registered(cog).values()) == children
+    sets = [cpus_of(pid) for pid in sorted(children)]
+    assert all(len(s) == 1 and len(next(iter(s))) == 1 for s in sets), sets
+    assert sets[0] != sets[1], "two children on the same CPU"
+    # The supervisor itself, which runs no job, is left to the OS.
+    assert cpus_of(supervisor.pid) == {frozenset(USABLE)}
+
+
+def test_processes_take_the_listed_cpus_in_turn(cog):
+    cpu = USABLE[0]
+    supervisor = cog.start_worker("--processes", "2", "--concurrency", "2", CPU_AFFINITY=[cpu])
+    wait_for(lambda: len(registered(cog)) == 2, 30, "both children to beat")
+    for pid in children_of(supervisor.pid):
+        assert cpus_of(pid) == {frozenset({cpu})}
+
+
+# -- the plan, without processes ------------------------------------------------------------
+
+
+def test_plan_for_none_and_for_a_list():
+    assert affinity.plan(None, 3) == [None, None, None]
+    assert affinity.plan([3, 1], 3) == [3, 1, 3]
+    assert affinity.plan((2,), 1) == [2]
+
+
+def test_plan_auto_gives_consecutive_cpus_from_the_least_busy(monkeypatch):
+    monkeypatch.setattr(affinity, "usable", lambda: [0, 2, 5])
+    monkeypatch.setattr(affinity, "least_busy", lambda cpus: 2)
+    assert affinity.plan(affinity.AUTO, 4) == [2, 5, 0, 2]
+
+
+def test_plan_auto_pins_nothing_when_the_process_may_use_one_cpu(monkeypatch):
+    monkeypatch.setattr(affinity, "usable", lambda: [1])
+    assert affinity.plan(affinity.AUTO, 2) == [None, None]
+
+
+def test_least_busy_is_one_of_the_usable_cpus():
+    assert affinity.least_busy(USABLE) in USABLE
+    assert affinity.least_busy([USABLE[0]]) == USABLE[0]
+
+
+def test_least_busy_avoids_a_busy_cpu(monkeypatch):
+    # Ticks (all, idle) of CPUs 0 and 1: 0 busy all the sample, 1 idle.
+    samples = iter([{0: (100, 0), 1: (100, 50)}, {0: (200, 0), 1: (200, 150)}])
+    monkeypatch.setattr(affinity, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(affinity, "SAMPLE_S", 0.0)
+    assert affinity.least_busy([0, 1]) == 1
+
+
+def test_cpu_times_reads_every_cpu_of_proc_stat():
+    times = affinity._cpu_times()
+    assert set(USABLE) <= set(times)
+    assert all(total >= idle >= 0 for total, idle in times.values())
