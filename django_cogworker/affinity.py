@@ -2,7 +2,7 @@
 
 Duties: choose, for each worker process, the one CPU its threads run on
 (``"auto"``: the least busy of the CPUs the process may use, a different one
-for each process of ``--processes``; a list: the i-th listed for the i-th
+for each process of ``--processes``, on different cores first; a list: the i-th listed for the i-th
 process; ``None``: none, the OS places the threads); pin every thread of the
 process to it; never stop a worker because it could not be pinned.
 
@@ -24,6 +24,7 @@ import logging
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 logger = logging.getLogger("django_cogworker")
@@ -61,11 +62,33 @@ def plan(setting: Setting, count: int) -> Plan:
     if not isinstance(setting, str):
         listed = list(setting)
         return [listed[i % len(listed)] for i in range(count)]
-    cpus = usable()
+    cpus = spread(usable())
     if len(cpus) < 2:
         return [None] * count  # one CPU already, or none known
     first = cpus.index(least_busy(cpus))
     return [cpus[(first + i) % len(cpus)] for i in range(count)]
+
+
+def spread(cpus: list[int]) -> list[int]:
+    """``cpus`` with the first hardware thread of every core first, then
+    their second threads, and so on (from /sys where the topology is known),
+    so that processes given consecutive CPUs share a core only when every
+    core has one already."""
+    seen: Counter[tuple[str, str]] = Counter()
+    rank: dict[int, tuple[int, int]] = {}
+    for cpu in cpus:
+        core = (_topology(cpu, "physical_package_id"), _topology(cpu, "core_id"))
+        rank[cpu] = (seen[core], cpu)
+        seen[core] += 1
+    return sorted(cpus, key=rank.__getitem__)
+
+
+def _topology(cpu: int, name: str) -> str:
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/{name}") as fh:
+            return fh.read().strip()
+    except OSError:
+        return f"cpu{cpu}"  # not known: a core of its own
 
 
 def least_busy(cpus: list[int]) -> int:

