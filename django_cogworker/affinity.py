@@ -2,9 +2,10 @@
 
 Duties: choose, for each worker process, the one CPU its threads run on
 (``"auto"``: the least busy of the CPUs the process may use, a different one
-for each process of ``--processes``, on different cores first; a list: the i-th listed for the i-th
-process; ``None``: none, the OS places the threads); pin every thread of the
-process to it; never stop a worker because it could not be pinned.
+for each process of ``--processes``, on different cores first; a list: the
+i-th listed for the i-th process; ``None``: none, the OS places the
+threads); pin every thread of the process to it; never stop a worker
+because it could not be pinned.
 
 Why: a worker process runs Python on one core at a time (the GIL), and its
 threads hand the GIL and their jobs to one another several times a job. On

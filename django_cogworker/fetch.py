@@ -201,11 +201,13 @@ class ReliableFetch(Fetcher):
 
     def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
         """The next job; ``done`` (the thread's previous job and its jid) is
-        acknowledged with this thread's call to Redis, or, when a job
-        fetched by another thread is taken instead, with the next call."""
+        acknowledged with the next call (this thread's or one it waits for),
+        or at once when its next job was fetched before it finished."""
         queues = self.active_queues()
+        # The ack waits before the thread does: whichever call comes next,
+        # its own or the one it waits for, carries it (G19).
+        self.defer(done)
         if not queues:
-            self.defer(done)
             self.flush_acks()
             self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
@@ -216,11 +218,14 @@ class ReliableFetch(Fetcher):
         )
         slot = self.ctx.ledger.reserve(self.buffer, 1 if blocking else None)
         if slot is None or isinstance(slot, UnitOfWork):
-            self.defer(done)
+            with self._acks_lock:
+                uncarried = done is not None and done in self.acks
+            if uncarried and not self.ctx.ledger.waiting:  # no thread waits to make the next call
+                self.flush_acks()
             return slot
         works: list[UnitOfWork] = []
         try:
-            works = self.fetch(queues, slot, done)
+            works = self.fetch(queues, slot)
         finally:
             self.ctx.ledger.fetched(works, slot, self.buffer)
         return works[0] if works else None
@@ -230,17 +235,12 @@ class ReliableFetch(Fetcher):
             with self._acks_lock:
                 self.acks.append(done)
 
-    def fetch(
-        self, queues: list[str], slots: Slots, done: tuple[UnitOfWork, str] | None = None
-    ) -> list[UnitOfWork]:
+    def fetch(self, queues: list[str], slots: Slots) -> list[UnitOfWork]:
         """One call for up to ``slots.count`` jobs (the first for the
-        caller), acknowledging ``done`` and the acks waiting."""
+        caller), acknowledging the acks waiting."""
         k = self.keys
         try:
-            with self._acks_lock:
-                acks, self.acks = self.acks, []
-            if done is not None:
-                acks.append(done)
+            acks = self.take_acks()
             if acks or len(queues) > 1 or not getattr(self._idle, "blocking", False):
                 found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:

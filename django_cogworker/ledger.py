@@ -121,6 +121,7 @@ class Ledger:
         # next call (one call brings jobs for all of them, as a group commit
         # does), instead of each sending its own call for one job.
         self.calling = False
+        self.waiting = 0  # threads waiting in reserve()
         self.pending: dict[bytes, Pending] = {}
         self.interrupted: set[bytes] = set()
         self._suspect = False
@@ -143,12 +144,18 @@ class Ledger:
                     return None
                 free = self.concurrency - len(self.running) - sum(self.held.values()) - self.reserved
                 if free > 0 and not self.calling:
-                    if most is not None:
-                        free = min(free, most)
+                    # This thread and those waiting, whose acks wait with the
+                    # fetcher already: the call carries them (G19). Not a
+                    # thread still finishing, whose ack it could not carry.
+                    free = min(free, 1 + self.waiting, most or free)
                     self.reserved += free
                     self.calling = True
                     return Slots(free, calling=True)
-                self._slots.wait(SLOT_WAIT_S)
+                self.waiting += 1
+                try:
+                    self._slots.wait(SLOT_WAIT_S)
+                finally:
+                    self.waiting -= 1
 
     def shrink(self, slots: Slots, count: int) -> None:
         """Gives back all but ``count`` of a reservation, and lets the other
