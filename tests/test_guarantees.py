@@ -195,12 +195,12 @@ def fail_acking_fetch(
     original = ReliableFetch.fetch
     calls: list[str] = []
 
-    def fetch(self: ReliableFetch, queues: list[str], slots: Any, done: Any = None) -> Any:
-        if not (done or self.acks) or (times is not None and calls.count("fail") >= times):
-            return original(self, queues, slots, done)
+    def fetch(self: ReliableFetch, queues: list[str], slots: Any) -> Any:
+        if not self.acks or (times is not None and calls.count("fail") >= times):
+            return original(self, queues, slots)
         calls.append("fail")
         if reply_lost:
-            original(self, queues, slots, done)
+            original(self, queues, slots)
         else:
             with self._acks_lock:
                 self.acks = []  # taken for the call: they stay pending in the manager's memory
