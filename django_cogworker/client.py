@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db import transaction
 
-from django_cogworker import confirm, middleware
+from django_cogworker import confirm, direct, middleware
 from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, follow_master, get_keys, get_redis
 from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_boundary
@@ -190,8 +190,9 @@ def _cancelled_on_failure(chain: middleware.ClientChain, payloads: list[Payload]
 
 
 #: Queue names this process registered in ``N:queues`` lately (name ->
-#: monotonic time). A ``.delay()`` to such a queue is a bare LPUSH; the name
-#: is registered again after QUEUE_REGISTRATION_TTL_S in case the set was lost.
+#: monotonic time). A ``.delay()`` to such a queue is a bare LPUSH (by
+#: :mod:`django_cogworker.direct` on a plain client); the name is registered
+#: again after QUEUE_REGISTRATION_TTL_S in case the set was lost.
 _registered: dict[tuple[str, str], float] = {}
 QUEUE_REGISTRATION_TTL_S = 60.0
 
@@ -207,7 +208,9 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
             queue = payloads[0]["queue"]
             seen = _registered.get((k.namespace, queue))
             if seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S:
-                client.lpush(k.queue(queue), encode(payloads[0]))
+                key, raw = k.queue(queue), encode(payloads[0])
+                if not direct.lpush(client, key, raw):
+                    client.lpush(key, raw)
                 return
         pipe = client.pipeline(transaction=also is not None)
         _queue_writes(pipe, k, payloads, at, also)

@@ -27,7 +27,7 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
 
-from django_cogworker import redis_url
+from django_cogworker import direct, redis_url
 from django_cogworker.conf import Config, get_config
 from django_cogworker.errors import ConfigurationError
 from django_cogworker.keys import Keys, keys
@@ -237,13 +237,16 @@ def follow_master(client: Client) -> None:
 def forget_demoted_master(exc: BaseException) -> None:
     """After a READONLY reply (the server behind a plain URL became a
     replica: a failover behind a DNS name or a managed endpoint), drops
-    the process client's pooled connections, so the next ones resolve the
-    address again and reach the new master instead of asking the replica
-    forever. Sentinel and Cluster clients find the master themselves."""
+    the process client's pooled connections and ``.delay()``'s own
+    (:mod:`django_cogworker.direct`), so the next ones resolve the address
+    again and reach the new master instead of asking the replica forever.
+    Sentinel and Cluster clients find the master themselves."""
     client = _client
     if isinstance(exc, redis.ReadOnlyError) and client is not None and not is_cluster(client):
         with contextlib.suppress(Exception):
             client.connection_pool.disconnect()
+        with contextlib.suppress(Exception):
+            direct.drop_idle()
 
 
 @contextlib.asynccontextmanager

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import inspect
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableSet, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, overload
 
@@ -22,6 +22,10 @@ RetryIn = Callable[[int, BaseException], float | int | None]
 OnExhausted = Callable[[Payload, BaseException], Any]
 
 UNIQUE_UNTIL = ("success", "start")
+
+#: Call shapes remembered per job as accepted by its signature (a job
+#: called with many sets of keyword names checks the others each time).
+MAX_CALLABLE_SHAPES = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +83,28 @@ class Job:
         except (TypeError, ValueError):
             return None
 
+    @functools.cached_property
+    def _callable_shapes(self) -> MutableSet[tuple[Any, ...]]:
+        """Shapes of calls the signature took: how many positional arguments,
+        then the keyword names. ``Signature.bind`` looks at nothing else, and
+        it costs more than the rest of a payload (``delay_many``'s calls
+        mostly share one shape)."""
+        return set()
+
     def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """Raises TypeError, naming the job, if the function could not be
         called with these arguments: at ``.delay()``, not in the worker."""
         signature = self.signature
         if signature is None:
             return
+        shape = (len(args), *kwargs)
+        known = self._callable_shapes
+        if shape in known:
+            return
         try:
             signature.bind(*args, **kwargs)
+            if len(known) < MAX_CALLABLE_SHAPES:
+                known.add(shape)
         except TypeError as exc:
             bare = signature.replace(
                 parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],

@@ -178,6 +178,22 @@ def test_delay_checks_the_call_against_the_jobs_signature_and_pushes_nothing(cog
     assert jobs.record.delay(tag="ok") is not None
 
 
+def test_a_call_shape_the_signature_took_once_does_not_let_another_through(cog):
+    """The check remembers shapes it accepted (how many positional
+    arguments, which keyword names), never one it refused."""
+    for _ in range(2):
+        assert jobs.record.delay(1) and jobs.record.delay(tag=2) and jobs.record.delay()
+        refused: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+            ((1, 2), {}),
+            ((), {"colour": "red"}),
+            ((1,), {"tag": 2}),
+        ]
+        for args, kwargs in refused:
+            with pytest.raises(TypeError, match="cannot be called with these arguments"):
+                jobs.record.delay(*args, **kwargs)
+    assert [p["args"] + list(p["kwargs"].values()) for p in queued(cog)] == [[1], [2], [], [1], [2], []]
+
+
 # -- .delay_many() ----------------------------------------------------------------
 
 

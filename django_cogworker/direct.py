@@ -1,0 +1,118 @@
+"""A ``.delay()``'s LPUSH on a connection of its own, past redis-py's
+per-command layers.
+
+redis-py's ``Redis.execute_command`` wraps every command in layers that one
+LPUSH does not need: the pool's lock and its check that an idle connection
+holds no stray reply (a ``poll()`` call), the retry object, the event
+dispatcher and the connection metrics. For the most frequent enqueue, a
+``.delay()`` to a queue this process registered lately, they cost more
+than our own work and about as much CPU as the round trip
+(docs/performance.md, "Enqueue"). :func:`lpush` sends that one command on a
+connection from a stack of this module's own, made from the client's pool's
+settings (so TLS, credentials, timeouts and the health check are the
+client's), and puts it back once the reply is read.
+
+Only plain clients take this way: a Sentinel client keeps its pool (which
+follows the master), a Cluster client its slot routing, a pool with a
+client-side cache its cache, a single-connection client its connection.
+
+A connection that fails (a Redis restart, an idle connection cut) is
+dropped, and the caller pushes again the ordinary way, with redis-py's
+retries: what redis-py does itself on a connection error. A reply that is
+an error (OOM, WRONGTYPE, READONLY) was read whole, so its connection goes
+back to the stack and the error is raised; after READONLY,
+:func:`django_cogworker.connection.forget_demoted_master` closes the idle
+ones with the pool's (:func:`drop_idle`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+
+#: Idle connections kept per process; more are made while more threads
+#: enqueue at once, and closed when they are handed back beyond this.
+MAX_IDLE = 8
+
+#: The pool classes whose connections this module may copy.
+_PLAIN_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+
+
+class _Stack:
+    """Idle connections like ``pool``'s, for one process: ``list.pop`` and
+    ``list.append`` are atomic, so threads share it without a lock."""
+
+    def __init__(self, pool: Any, usable: bool) -> None:
+        self.pool = pool
+        self.usable = usable
+        self.pid = os.getpid()
+        self.idle: list[Any] = []
+
+    def take(self) -> Any:
+        try:
+            return self.idle.pop()
+        except IndexError:
+            return self.pool.connection_class(**self.pool.connection_kwargs)
+
+    def give_back(self, conn: Any) -> None:
+        if len(self.idle) < MAX_IDLE:
+            self.idle.append(conn)
+        else:
+            conn.disconnect()
+
+
+_stack: _Stack | None = None
+
+
+def _stack_for(client: Any) -> _Stack:
+    global _stack
+    pool = getattr(client, "connection_pool", None)
+    stack = _stack
+    if stack is not None and stack.pool is pool and stack.pid == os.getpid():
+        return stack
+    usable = (
+        type(pool) in _PLAIN_POOLS
+        and getattr(pool, "cache", None) is None
+        and getattr(client, "connection", None) is None
+    )
+    # After a fork the parent's sockets are left alone: dropped, not closed.
+    _stack = stack = _Stack(pool, usable)
+    return stack
+
+
+def lpush(client: Any, key: str, value: bytes) -> bool:
+    """LPUSHes ``value`` to ``key`` as above. False when the caller must
+    push the ordinary way: ``client`` is not a plain one, or the connection
+    failed (and the push may not have reached Redis)."""
+    stack = _stack_for(client)
+    if not stack.usable:
+        return False
+    conn = stack.take()
+    try:
+        conn.send_packed_command(conn.pack_command("LPUSH", key, value))
+        conn.read_response()
+    except redis.ResponseError:
+        stack.give_back(conn)
+        raise
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        conn.disconnect()
+        return False
+    except BaseException:
+        conn.disconnect()  # a reply may be left unread: never reused
+        raise
+    stack.give_back(conn)
+    return True
+
+
+def drop_idle() -> None:
+    """Closes the idle connections, so that the next ones resolve the
+    client's address again (its server was demoted to a replica)."""
+    stack = _stack
+    while stack is not None and stack.idle:
+        try:
+            conn = stack.idle.pop()
+        except IndexError:
+            return  # another thread took the last one
+        conn.disconnect()

@@ -1,0 +1,158 @@
+"""``.delay()``'s LPUSH on connections of its own (django_cogworker.direct),
+against a redis-server of the test's own: the connections are reused and
+bounded, a killed one costs no job and no second copy, an error reply keeps
+its connection, a forked child never writes on its parent's sockets, and
+Sentinel and Cluster clients keep redis-py's way."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from django_cogworker import connection, direct
+from django_cogworker.errors import EnqueueRefused, RedisUnavailable
+from testproject.testapp import jobs
+from tests.conftest import CogEnv, RedisServer
+
+
+@pytest.fixture
+def plain(cog: CogEnv, own_redis: Any) -> CogEnv:
+    own_redis()
+    connection.reset()
+    return cog
+
+
+def tags(cog: CogEnv) -> list[object]:
+    raws = cog.redis.lrange(cog.key("queue:default"), 0, -1)
+    return sorted(json.loads(raw)["args"][0] for raw in raws)
+
+
+def clients(cog: CogEnv) -> int:
+    return len(cog.redis.client_list())
+
+
+def stack_of(cog: CogEnv) -> Any:
+    stack = direct._stack
+    assert stack is not None and stack.pool is connection.get_redis().connection_pool
+    return stack
+
+
+def test_a_delay_to_a_registered_queue_goes_on_one_connection_of_its_own_again(plain: CogEnv) -> None:
+    jobs.record.delay(0)  # registers the queue: a pipeline on the client's pool
+    jobs.record.delay(1)
+    before = clients(plain)
+    for tag in range(2, 12):
+        jobs.record.delay(tag)
+    assert tags(plain) == list(range(12))
+    assert clients(plain) == before
+    stack = stack_of(plain)
+    assert stack.usable and len(stack.idle) == 1
+    assert stack.idle[0] not in connection.get_redis().connection_pool._available_connections
+
+
+def test_a_killed_connection_costs_no_job_and_pushes_no_second_copy(plain: CogEnv) -> None:
+    jobs.record.delay(0)
+    jobs.record.delay(1)
+    (held,) = stack_of(plain).idle
+    host, port = held._sock.getsockname()[:2]
+    assert plain.redis.client_kill(f"{host}:{port}")
+    jobs.record.delay(2)  # fails on the dead socket, then goes the ordinary way
+    jobs.record.delay(3)
+    assert tags(plain) == [0, 1, 2, 3]
+    assert held._sock is None  # dropped, not reused
+
+
+def test_an_error_reply_is_raised_and_its_connection_kept(plain: CogEnv) -> None:
+    jobs.record.delay(0)
+    jobs.record.delay(1)
+    (held,) = stack_of(plain).idle
+    plain.redis.rename(plain.key("queue:default"), plain.key("kept"))
+    plain.redis.set(plain.key("queue:default"), "not a list")
+    with pytest.raises(EnqueueRefused, match="WRONGTYPE"):
+        jobs.record.delay(2)
+    assert stack_of(plain).idle == [held] and held._sock is not None
+    plain.redis.delete(plain.key("queue:default"))
+    jobs.record.delay(3)
+    assert tags(plain) == [3]
+    assert stack_of(plain).idle == [held]
+
+
+def test_threads_enqueueing_at_once_keep_at_most_max_idle_connections(plain: CogEnv) -> None:
+    jobs.record.delay(-1)
+    start = threading.Barrier(4 * direct.MAX_IDLE)
+
+    def enqueue(first: int) -> None:
+        start.wait(10)
+        for tag in range(first, first + 25):
+            jobs.record.delay(tag)
+
+    threads = [threading.Thread(target=enqueue, args=(n * 25,)) for n in range(4 * direct.MAX_IDLE)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert tags(plain) == list(range(-1, 4 * direct.MAX_IDLE * 25))
+    assert 1 <= len(stack_of(plain).idle) <= direct.MAX_IDLE
+
+
+def test_a_forked_child_enqueues_on_connections_of_its_own(plain: CogEnv) -> None:
+    jobs.record.delay(0)
+    jobs.record.delay(1)
+    (held,) = stack_of(plain).idle
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it pushed on a new connection
+        try:
+            jobs.record.delay(2)
+            stack = direct._stack
+            mine = stack is not None and stack.pid == os.getpid() and held not in stack.idle
+            os._exit(0 if mine else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    jobs.record.delay(3)  # the parent's connection still works: the child left it alone
+    assert stack_of(plain).idle == [held]
+    assert tags(plain) == [0, 1, 2, 3]
+
+
+def test_sentinel_cluster_and_single_connection_clients_keep_redis_pys_way(plain: CogEnv) -> None:
+    sentinel = redis.sentinel.Sentinel([("127.0.0.1", 1)]).master_for("mymaster")
+    cluster = redis.RedisCluster.__new__(redis.RedisCluster)  # no nodes to reach: never connects
+    single = redis.Redis.from_url(plain.url, single_connection_client=True)
+    try:
+        for client in (sentinel, cluster, single):
+            assert direct.lpush(client, plain.key("queue:default"), b"{}") is False
+        assert plain.redis.llen(plain.key("queue:default")) == 0
+    finally:
+        single.close()
+
+
+def test_a_demoted_server_closes_the_idle_connections_so_the_next_ones_resolve_it_again(
+    plain: CogEnv, tmp_path: Path
+) -> None:
+    """READONLY (the server behind the URL is a replica now) is an outage,
+    and the connections that met it are not kept: after a failover behind
+    a DNS name they would ask the replica forever."""
+    jobs.record.delay(0)
+    jobs.record.delay(1)
+    (held,) = stack_of(plain).idle
+    (tmp_path / "master").mkdir()
+    master = RedisServer(str(tmp_path / "master"))
+    master.start()
+    plain.redis.replicaof("127.0.0.1", master.port)
+    try:
+        with pytest.raises(RedisUnavailable, match="has no master"):
+            jobs.record.delay(2)
+        assert stack_of(plain).idle == [] and held._sock is None
+    finally:
+        plain.redis.replicaof("NO", "ONE")
+        master.stop()
+    jobs.record.delay(3)
+    found = tags(plain)  # [3], or [0, 1, 3] if the replica had not synced yet
+    assert 3 in found and 2 not in found
