@@ -65,6 +65,7 @@ def reset() -> None:
         old, _client = _client, None
     if old is not None:
         close(old)
+        direct.drop_idle()  # .delay()'s own connections, like the old pool's
 
 
 def close(client: Client) -> None:

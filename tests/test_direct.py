@@ -156,3 +156,14 @@ def test_a_demoted_server_closes_the_idle_connections_so_the_next_ones_resolve_i
     jobs.record.delay(3)
     found = tags(plain)  # [3], or [0, 1, 3] if the replica had not synced yet
     assert 3 in found and 2 not in found
+
+
+def test_new_settings_close_the_old_clients_connections_too(plain: CogEnv) -> None:
+    jobs.record.delay(0)
+    jobs.record.delay(1)
+    (held,) = stack_of(plain).idle
+    connection.reset()
+    assert held._sock is None
+    jobs.record.delay(2)  # a new client: its queue is registered again, then pushed on its own stack
+    jobs.record.delay(3)
+    assert tags(plain) == [0, 1, 2, 3] and stack_of(plain).idle != [held]
