@@ -87,8 +87,9 @@ class Job:
     def _callable_shapes(self) -> MutableSet[tuple[Any, ...]]:
         """Shapes of calls the signature took: how many positional arguments,
         then the keyword names. ``Signature.bind`` looks at nothing else, and
-        it costs more than the rest of a payload (``delay_many``'s calls
-        mostly share one shape)."""
+        it costs about as much as building the rest of the payload for a job
+        with a few parameters (``delay_many``'s calls mostly share one
+        shape)."""
         return set()
 
     def check_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:

@@ -82,10 +82,16 @@ def test_g19_a_finished_jobs_ack_goes_with_the_next_call_not_a_job_later(cog):
 
 
 def test_g19_a_sigkill_orphans_at_most_concurrency_jobs(cog):
+    """Killed under load, with one long job surely running (short jobs run
+    in waves, and a kill between two would leave none unfinished): at least
+    that one and at most CONCURRENCY jobs are left unfinished on the list."""
     cog.configure(CONCURRENCY=CONCURRENCY)
-    jids = jobs.pace.delay_many([((0.01, i), {}) for i in range(2000)])
+    jids = jobs.pace.delay_many([((0.01, i), {}) for i in range(300)])
+    long_jid = str(jobs.sleep_then_record.delay(3, "running at the kill"))
+    jids += [long_jid, *jobs.pace.delay_many([((0.01, i), {}) for i in range(300, 2000)])]
     worker = cog.start_worker()
     key = keys().inprogress(worker.identity())
+    wait_for(lambda: [n for n in cog.notes("started") if n["jid"] == long_jid], 20, "the long job to start")
     wait_for(lambda: len(finished_jids(cog)) >= 300, 20, "the run to get going")
     worker.signal(signal.SIGKILL)
     worker.wait(10)
