@@ -327,10 +327,16 @@ def test_until_executed_skips_slots_while_a_run_is_queued_then_resumes(cog):
 def logged(caplog):
     # The package logger does not propagate (see the test settings): listen to it directly.
     logger = logging.getLogger("django_cogworker")
+    # The handler is pytest's own for every test of the process: its level
+    # is put back, or later tests reading caplog would miss their lines.
+    level = caplog.handler.level
     logger.addHandler(caplog.handler)
     caplog.handler.setLevel(logging.ERROR)
-    yield caplog
-    logger.removeHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+        caplog.handler.setLevel(level)
 
 
 def test_a_broken_entry_is_logged_once_and_never_stops_the_others(cog, logged):
