@@ -15,6 +15,15 @@ virtual machines. What is traded: C code that runs without the GIL (numpy,
 torch, Pillow, hashing, compression) gets one core per process instead of
 all of them; ``None`` gives it back, and so do more processes.
 
+A pinned process's threads also run under ``SCHED_BATCH``: on one CPU, a
+thread woken by another (its job handed over, the GIL released) would
+otherwise take the CPU from the waker at once, only to wait for the GIL the
+waker still holds, and the two would switch back; under ``SCHED_BATCH`` the
+woken thread runs when the waker blocks or its time slice ends. A thread
+woken from an idle CPU (a job arriving at an idle worker) runs at once, as
+before. Subprocesses a job starts inherit the policy, as they inherit the
+CPU.
+
 Linux only (``os.sched_setaffinity``); elsewhere nothing is pinned.
 """
 
@@ -131,6 +140,7 @@ def pin(cpu: int) -> None:
     """Keeps every thread of this process on ``cpu`` (threads started later
     inherit it). Raises OSError when the CPU cannot be used."""
     os.sched_setaffinity(0, {cpu})
+    _batch(0)
     try:
         threads = [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
@@ -138,6 +148,17 @@ def pin(cpu: int) -> None:
     for tid in threads:
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, {cpu})
+            _batch(tid)
+
+
+def _batch(tid: int) -> None:
+    """Runs the thread under ``SCHED_BATCH`` (threads it starts inherit it):
+    a thread it wakes (the hand-over of a job, of the GIL) waits for it to
+    block or for its time slice to end, instead of taking the CPU at once
+    only to wait there for the GIL the waker still holds. Where the policy
+    cannot be set, the thread keeps its own: nothing else changes."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux; a sandbox refusing it
+        os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
 
 
 def apply(setting: Setting) -> int | None:

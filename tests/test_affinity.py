@@ -31,6 +31,15 @@ def allowed_cpus(pid: int) -> dict[int, set[int]]:
     return found
 
 
+def policies_of(pid: int) -> set[int]:
+    """The distinct scheduling policies of the threads of ``pid``."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            found.add(os.sched_getscheduler(int(tid)))
+    return found
+
+
 def cpus_of(pid: int) -> set[frozenset[int]]:
     """The distinct CPU sets of the threads of ``pid``."""
     return {frozenset(cpus) for cpus in allowed_cpus(pid).values()}
@@ -49,6 +58,8 @@ def test_auto_keeps_every_thread_of_a_worker_on_one_cpu(cog):
     (only,) = cpus_of(worker.pid)  # the processor threads, heartbeat, poller... alike
     assert len(only) == 1 and only <= set(USABLE)
     assert len(allowed_cpus(worker.pid)) >= 4 + 1
+    # On one CPU, a woken thread waits for the waker to block (affinity.py).
+    assert policies_of(worker.pid) == {os.SCHED_BATCH}
     (cpu,) = only
     assert f"cogworker keeps its threads on CPU {cpu} (CPU_AFFINITY; None lets them run on any CPU)" in (
         worker.log()
@@ -60,6 +71,7 @@ def test_none_leaves_the_threads_to_the_os(cog):
     worker.identity()
     runs_a_job(cog, worker.pid)
     assert cpus_of(worker.pid) == {frozenset(USABLE)}
+    assert policies_of(worker.pid) == {os.SCHED_OTHER}
     assert "keeps its threads on CPU" not in worker.log()
 
 
@@ -76,6 +88,7 @@ def test_a_cpu_that_cannot_be_used_is_logged_and_the_worker_runs_on_any(cog):
     worker.identity()
     runs_a_job(cog, worker.pid)
     assert cpus_of(worker.pid) == {frozenset(USABLE)}
+    assert policies_of(worker.pid) == {os.SCHED_OTHER}
     assert re.search(
         r"WARNING .*cogworker could not keep its threads on CPU 4095 \(.+\); they run on any CPU",
         worker.log(),
@@ -101,6 +114,8 @@ def test_processes_take_the_listed_cpus_in_turn(cog):
     wait_for(lambda: len(registered(cog)) == 2, 30, "both children to beat")
     for pid in children_of(supervisor.pid):
         assert cpus_of(pid) == {frozenset({cpu})}
+        assert policies_of(pid) == {os.SCHED_BATCH}
+    assert policies_of(supervisor.pid) == {os.SCHED_OTHER}
 
 
 # -- the plan, without processes ------------------------------------------------------------

