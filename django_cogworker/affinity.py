@@ -137,8 +137,9 @@ def _cpu_times() -> dict[int, tuple[int, int]]:
 
 
 def pin(cpu: int) -> None:
-    """Keeps every thread of this process on ``cpu`` (threads started later
-    inherit it). Raises OSError when the CPU cannot be used."""
+    """Keeps every thread of this process on ``cpu``, under ``SCHED_BATCH``
+    (threads started later inherit both). Raises OSError when the CPU cannot
+    be used."""
     os.sched_setaffinity(0, {cpu})
     _batch(0)
     try:
