@@ -78,9 +78,9 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Python 3.12 with the newest Django.
+# Python 3.12 with the newest Django, in as many test processes as make test.
 tox-latest: venv
-	$(BIN)/tox -e py312-django61
+	$(BIN)/tox -e py312-django61 -- $(XDIST) $(PYTEST_ARGS)
 
 clean:
 	rm -rf .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts
