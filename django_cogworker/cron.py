@@ -9,15 +9,19 @@ fires in the first pass through the repeated hour only (a time of day
 happens once), while one whose hour field is ``*`` fires in both (it is
 about intervals); when they go forward, a time inside the gap fires at the
 jump (croniter's rule, as cron's).
+
+croniter (and dateutil under it) is imported on first use: a worker with no
+periodic entries never loads it.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from croniter import CroniterBadDateError, CroniterError, croniter
+if TYPE_CHECKING:
+    from croniter import croniter
 
 #: get_prev() is strict: look from just after ``now`` so that a slot is due
 #: at its own second.
@@ -39,6 +43,8 @@ def cron_error(cron: Any) -> str | None:
             f"has {len(fields)} fields; use five (minute hour day-of-month month day-of-week), "
             "or six with seconds last"
         )
+    from croniter import CroniterBadDateError, CroniterError, croniter
+
     try:
         croniter(cron, datetime(2000, 1, 1, tzinfo=ZoneInfo("UTC"))).get_next(datetime)
     except CroniterBadDateError:
@@ -75,13 +81,13 @@ class Schedule:
         # An entry that fires every hour runs in both passes through a
         # repeated hour (it is about intervals); one with fixed hours is
         # about a time of day, which happens once.
-        self.every_hour = croniter(self.cron).expanded[1] == ["*"]
+        self.every_hour = _croniter()(self.cron).expanded[1] == ["*"]
 
     def __repr__(self) -> str:
         return f"<Schedule {self.cron!r} {self.tz}>"
 
     def _iter(self, at: float) -> croniter:
-        return croniter(self.cron, datetime.fromtimestamp(at, self.zone))
+        return _croniter()(self.cron, datetime.fromtimestamp(at, self.zone))
 
     def _second_pass(self, fire: datetime) -> bool:
         return not self.every_hour and fire.fold == 1 and fire.replace(fold=0).utcoffset() != fire.utcoffset()
@@ -115,3 +121,9 @@ class Schedule:
             if at > end:
                 return found
             found.append(at)
+
+
+def _croniter() -> type[croniter]:
+    from croniter import croniter
+
+    return croniter

@@ -26,7 +26,6 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import URLPattern, reverse
 
-from django_cogworker.admin import urls
 from django_cogworker.models import Job
 
 
@@ -43,4 +42,6 @@ class JobAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_cogworker_dashboard"))
 
     def get_urls(self) -> list[URLPattern]:
+        from django_cogworker.admin import urls
+
         return urls.patterns(self)

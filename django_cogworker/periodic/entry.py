@@ -23,8 +23,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from croniter import croniter
-
 from django_cogworker import registry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.cron import Schedule, cron_error, normalise_cron, tz_error
@@ -132,6 +130,8 @@ def _cron_problems(cron: Any) -> list[Problem]:
 
 
 def _croniter_reads(cron: str) -> bool:
+    from croniter import croniter
+
     try:
         return bool(croniter.is_valid(cron))
     except (ValueError, TypeError, KeyError):  # what croniter raises besides CroniterError
