@@ -1,5 +1,5 @@
-"""A ``.delay()``'s LPUSH on a connection of its own, past redis-py's
-per-command layers.
+"""A ``.delay()``'s LPUSH and the worker's fetch call on connections of
+their own, past redis-py's per-command layers.
 
 redis-py's ``Redis.execute_command`` wraps every command in layers that one
 LPUSH does not need: the pool's lock and its check that an idle connection
@@ -7,18 +7,21 @@ holds no stray reply (a ``poll()`` call), the retry object, the event
 dispatcher and the connection metrics. For the most frequent enqueue, a
 ``.delay()`` to a queue this process registered lately, they cost more
 than our own work and about as much CPU as the round trip
-(docs/performance.md, "Enqueue"). :func:`lpush` sends that one command on a
-connection from a stack of this module's own, made from the client's pool's
-settings (so TLS, credentials, timeouts and the health check are the
-client's), and puts it back once the reply is read.
+(docs/performance.md, "Enqueue"); so they do for the ``fetch.lua`` call
+that brings a busy worker's jobs, where they took a fifth of the time the
+worker held the GIL. :func:`call` sends one command on a connection from a
+stack of this module's own, made from the client's pool's settings (so
+TLS, credentials, timeouts and the health check are the client's), and puts
+it back once the reply is read.
 
 Only plain clients take this way: a Sentinel client keeps its pool (which
 follows the master), a Cluster client its slot routing, a pool with a
-client-side cache its cache, a single-connection client its connection.
+client-side cache its cache, a single-connection client its connection, a
+pipeline its queue of commands.
 
 A connection that fails (a Redis restart, an idle connection cut) is
-dropped, and the caller pushes again the ordinary way, with redis-py's
-retries: what redis-py does itself on a connection error. A reply that is
+dropped, and the caller sends the command again the ordinary way, with
+redis-py's retries: what redis-py does itself on a connection error. A reply that is
 an error (OOM, WRONGTYPE, READONLY) was read whole, so its connection goes
 back to the stack and the error is raised; after READONLY,
 :func:`django_cogworker.connection.forget_demoted_master` closes the idle
@@ -66,8 +69,18 @@ class _Stack:
 _stack: _Stack | None = None
 
 
+#: What :func:`call` returns when the caller must send the command the
+#: ordinary way.
+ORDINARY: Any = object()
+
+#: A stack for the clients that may not take this way (not kept).
+_NONE = _Stack(None, usable=False)
+
+
 def _stack_for(client: Any) -> _Stack:
     global _stack
+    if isinstance(client, redis.client.Pipeline):
+        return _NONE  # shares its client's pool, but its commands wait for execute()
     pool = getattr(client, "connection_pool", None)
     stack = _stack
     if stack is not None and stack.pool is pool and stack.pid == os.getpid():
@@ -82,28 +95,35 @@ def _stack_for(client: Any) -> _Stack:
     return stack
 
 
-def lpush(client: Any, key: str, value: bytes) -> bool:
-    """LPUSHes ``value`` to ``key`` as above. False when the caller must
-    push the ordinary way: ``client`` is not a plain one, or the connection
-    failed (and the push may not have reached Redis)."""
+def call(client: Any, *args: Any) -> Any:
+    """The reply to one command sent as above, or ORDINARY when the caller
+    must send it the ordinary way: ``client`` is not a plain one, or the
+    connection failed (and the command may have reached Redis, as with
+    redis-py's own retries). A reply that is an error is raised."""
     stack = _stack_for(client)
     if not stack.usable:
-        return False
+        return ORDINARY
     conn = stack.take()
     try:
-        conn.send_packed_command(conn.pack_command("LPUSH", key, value))
-        conn.read_response()
+        conn.send_packed_command(conn.pack_command(*args))
+        reply = conn.read_response()
     except redis.ResponseError:
         stack.give_back(conn)
         raise
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         conn.disconnect()
-        return False
+        return ORDINARY
     except BaseException:
         conn.disconnect()  # a reply may be left unread: never reused
         raise
     stack.give_back(conn)
-    return True
+    return reply
+
+
+def lpush(client: Any, key: str, value: bytes) -> bool:
+    """LPUSHes ``value`` to ``key`` as above. False when the caller must
+    push the ordinary way (see :func:`call`)."""
+    return call(client, "LPUSH", key, value) is not ORDINARY
 
 
 def drop_idle() -> None:

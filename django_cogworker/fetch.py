@@ -277,7 +277,7 @@ class ReliableFetch(Fetcher):
         k = self.keys
         # Recovered jobs are acknowledged at once (their orphan counter goes
         # with the ack, see ack()): only jobs never orphaned ride here.
-        found = script("fetch")(
+        found = script("fetch").run(
             self.client,
             [*(k.queue(q) for q in queues), self.inprogress],
             [len(queues), max(1, want), *(work.raw for work, _ in acks)],

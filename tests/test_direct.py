@@ -1,8 +1,9 @@
-"""``.delay()``'s LPUSH on connections of its own (django_cogworker.direct),
-against a redis-server of the test's own: the connections are reused and
-bounded, a killed one costs no job and no second copy, an error reply keeps
-its connection, a forked child never writes on its parent's sockets, and
-Sentinel and Cluster clients keep redis-py's way."""
+"""``.delay()``'s LPUSH and the worker's fetch call on connections of their
+own (django_cogworker.direct), against a redis-server of the test's own: the
+connections are reused and bounded, a killed one costs no job and no second
+copy, an error reply keeps its connection, a flushed script cache is
+reloaded on the same call, a forked child never writes on its parent's
+sockets, and Sentinel, Cluster and pipeline clients keep redis-py's way."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import redis
 
 from django_cogworker import connection, direct
 from django_cogworker.errors import EnqueueRefused, RedisUnavailable
+from django_cogworker.scripts import script
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, RedisServer
 
@@ -167,3 +169,51 @@ def test_new_settings_close_the_old_clients_connections_too(plain: CogEnv) -> No
     jobs.record.delay(2)  # a new client: its queue is registered again, then pushed on its own stack
     jobs.record.delay(3)
     assert tags(plain) == [0, 1, 2, 3] and stack_of(plain).idle != [held]
+
+
+# -- the worker's fetch call (Script.run) ------------------------------------------------
+
+
+def fetch_some(cog: CogEnv, want: int) -> list[Any]:
+    """One fetch.lua call for up to ``want`` jobs of the default queue, as a
+    worker makes it."""
+    keys = [cog.key("queue:default"), cog.key("inprogress:probe")]
+    return list(script("fetch").run(connection.get_redis(), keys, [1, want]))
+
+
+def test_the_fetch_call_goes_on_a_connection_of_its_own_and_replies_as_redis_pys(plain: CogEnv) -> None:
+    for tag in range(3):
+        jobs.record.delay(tag)
+    found = fetch_some(plain, 2)
+    assert found[0] == 1 and len(found) == 3
+    assert sorted(plain.redis.lrange(plain.key("inprogress:probe"), 0, -1)) == sorted(found[1:])
+    (held,) = stack_of(plain).idle
+    assert held not in connection.get_redis().connection_pool._available_connections
+    assert fetch_some(plain, 2)[0] == 1 and stack_of(plain).idle == [held]
+
+
+def test_a_flushed_script_cache_runs_the_fetch_with_eval_on_the_same_call(plain: CogEnv) -> None:
+    jobs.record.delay(0)
+    jobs.record.delay(1)
+    plain.redis.script_flush()
+    assert len(fetch_some(plain, 5)) == 3  # NOSCRIPT, then EVAL: both jobs in one call
+    assert plain.redis.script_exists(script("fetch").sha) == [True]
+
+
+def test_a_killed_connection_fetches_each_job_once_the_ordinary_way(plain: CogEnv) -> None:
+    jobs.record.delay(0)
+    jobs.record.delay(1)
+    fetch_some(plain, 1)
+    (held,) = stack_of(plain).idle
+    host, port = held._sock.getsockname()[:2]
+    assert plain.redis.client_kill(f"{host}:{port}")
+    assert len(fetch_some(plain, 1)) == 2  # failed on the dead socket, then sent through redis-py
+    assert held._sock is None
+    assert plain.redis.llen(plain.key("inprogress:probe")) == 2
+    assert plain.redis.llen(plain.key("queue:default")) == 0
+
+
+def test_a_pipeline_never_takes_the_direct_way(plain: CogEnv) -> None:
+    pipe = connection.get_redis().pipeline()
+    assert direct.call(pipe, "LPUSH", plain.key("queue:default"), b"{}") is direct.ORDINARY
+    assert plain.redis.llen(plain.key("queue:default")) == 0
