@@ -9,7 +9,10 @@ class CogworkerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_cogworker import checks, logs, registry  # noqa: F401  (registers the checks)
+        from django.db.backends.signals import connection_created
 
+        from django_cogworker import checks, execution, logs, registry  # noqa: F401  (registers the checks)
+
+        connection_created.connect(execution.opened_connection, dispatch_uid="django_cogworker.opened")
         logs.install_filter()
         registry.autodiscover()

@@ -6,7 +6,10 @@ inside the server middleware chain, whose built-in members take, extend and
 release unique and periodic locks: the only Redis calls made here, and only
 for jobs that hold such a lock. Keeps G13 (bad payloads filed in dead with
 their raw text) and G14 (``close_old_connections`` around every job; a job's
-exception never escapes).
+exception never escapes). In a thread that never opened a database
+connection, ``close_old_connections`` has nothing to close, and is not
+called: it costs a look into each alias's thread-local, a tenth of a no-op
+job's time.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
@@ -30,6 +33,11 @@ if TYPE_CHECKING:
     from django_cogworker.job import Job
 
 logger = logging.getLogger("django_cogworker")
+
+#: ``opened`` is set in a thread once it has opened a database connection
+#: (``connection_created``, connected to :func:`opened_connection` by the
+#: app's ``ready()``).
+_thread = threading.local()
 
 ACK = "ack"  # finished (or dropped): take it off the in-progress list
 RETRY = "retry"
@@ -49,6 +57,15 @@ class Outcome:
     def encoded(self) -> bytes:
         assert self.payload is not None
         return encode(self.payload)
+
+
+def opened_connection(sender: Any, **kwargs: Any) -> None:
+    _thread.opened = True
+
+
+def _close_old_connections() -> None:
+    if getattr(_thread, "opened", False):
+        close_old_connections()
 
 
 def dead_letter(raw: bytes, error: Exception, now: float) -> Outcome:
@@ -99,7 +116,7 @@ def execute(
     try:
         # Inside the try: if it raises, the context is still reset below.
         if close_connections:
-            close_old_connections()
+            _close_old_connections()
         # The server middleware (unique and periodic locks first) wraps the
         # call, and learns how the run ended before the outcome is written:
         # locks are released on success and terminal failure, kept on retry.
@@ -128,7 +145,7 @@ def execute(
     finally:
         reset_current(token)
         if close_connections:
-            close_old_connections()
+            _close_old_connections()
     return outcome
 
 

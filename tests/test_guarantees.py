@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import redis
+from django.db import connection, connections
 
 from django_cogworker import execution
 from django_cogworker.conf import get_config
@@ -1047,7 +1048,8 @@ def test_g13_bad_payloads_are_filed_in_dead_with_raw_kept_and_the_worker_goes_on
 # -- G14 Django hygiene -----------------------------------------------------------------------------
 
 
-def test_g14_close_old_connections_runs_before_and_after_each_job_in_process(cog, monkeypatch):
+def test_g14_close_old_connections_runs_before_and_after_each_job_in_process(cog, db, monkeypatch):
+    connection.ensure_connection()  # this thread has a connection to close
     events: list[tuple[str, int]] = []
     monkeypatch.setattr(
         execution, "close_old_connections", lambda: events.append(("close", len(cog.notes())))
@@ -1063,6 +1065,32 @@ def test_g14_close_old_connections_runs_before_and_after_each_job_in_process(cog
         outcome = execution.execute(raw_job(job, *args), config)
         assert outcome.kind == kind
         assert events == [("close", before), ("close", before + 1)], job.name
+
+
+def test_g14_a_thread_that_never_opened_a_connection_has_none_to_close(cog, db, monkeypatch):
+    """close_old_connections() is skipped in a thread that never opened a
+    database connection (it would close nothing), and made around every
+    job once the thread has opened one: Django's connection_created says so."""
+    calls: list[str] = []
+    monkeypatch.setattr(execution, "close_old_connections", lambda: calls.append("close"))
+    config = get_config()
+    seen: list[tuple[int, int]] = []
+
+    def run() -> None:
+        execution.execute(raw_job(jobs.record, "no connection yet"), config)
+        before = len(calls)
+        connections["default"].ensure_connection()
+        try:
+            execution.execute(raw_job(jobs.record, "with a connection"), config)
+        finally:
+            connections["default"].close()
+        seen.append((before, len(calls)))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert seen == [(0, 2)]
+    assert len(cog.notes()) == 2
 
 
 def test_g14_close_old_connections_before_and_after_each_job_in_a_worker(cog, tmp_path):
