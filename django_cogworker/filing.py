@@ -1,0 +1,41 @@
+"""Filing a failed job in retry or dead: ``file.lua``, for both fetches and
+for the testing helpers.
+
+Duties: take the job off its in-progress list in the same call, and only
+if it is still there (G18: a job taken back meanwhile is not filed twice);
+trim the dead set to DEAD_TIMEOUT and DEAD_MAX_JOBS when asked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django_cogworker.conf import Config
+from django_cogworker.keys import Keys
+from django_cogworker.scripts import Arg, script
+
+
+def file_job(
+    client: Any,
+    keys: Keys,
+    config: Config,
+    inprogress: str | None,
+    raw: bytes,
+    zset: str,
+    score: float,
+    payload: bytes,
+    jid: str,
+    trim: bool,
+) -> bool:
+    """Files a failed job in retry or dead (``file.lua``), taking it off
+    ``inprogress`` when given (reliable fetch: only if it is still there,
+    G18), trimming the dead set to DEAD_TIMEOUT and DEAD_MAX_JOBS when
+    ``trim``. The testing helpers file through here too."""
+    bounds: list[Arg] = (
+        [repr(time.time() - config.dead_timeout_s), str(config.dead_max_jobs)] if trim else ["", ""]
+    )
+    args: list[Arg] = [raw, repr(score), payload, "0" if inprogress is None else "1", *bounds]
+    # Without a list, KEYS[1] is a name file.lua never touches (no list to take the job off).
+    listed = inprogress if inprogress is not None else keys.inprogress("")
+    return bool(script("file")(client, [listed, zset, keys.orphanings(jid)], args))
