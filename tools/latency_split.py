@@ -70,7 +70,11 @@ def stamp(name, cls, method):
 """
 
 ENQUEUER = """
-import json, random, sys, time
+import json, os, random, sys, time
+# Not the worker's CPU and policy, which a child inherits: the harness's
+# driver is a process of its own, on any CPU.
+os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+os.sched_setaffinity(0, range(os.cpu_count()))
 import django
 django.setup()
 import redis.connection
