@@ -9,6 +9,7 @@ own Redis and apps.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 VENV = Path.home() / ".cache" / "cogworker-bench" / "venvs" / "cogworker"
@@ -46,3 +47,18 @@ def settings_py(url: str, apps: list[str], cogworker: dict[str, object] | None =
 
 def python() -> str:
     return str(VENV / "bin" / "python")
+
+
+def project(
+    tmp: str, url: str, app: str, jobs_py: str, code: str, cogworker: dict[str, object] | None = None
+) -> dict[str, str]:
+    """Writes the settings module ``tool_settings`` and the app ``app`` (its
+    ``jobs.py`` is ``jobs_py``) into ``tmp``; returns the environment that
+    runs them with the django_cogworker of the checkout ``code``, ahead of
+    the one the harness's virtualenv installed."""
+    Path(tmp, "tool_settings.py").write_text(settings_py(url, [app], cogworker))
+    Path(tmp, app).mkdir()
+    Path(tmp, app, "__init__.py").write_text("")
+    Path(tmp, app, "jobs.py").write_text(jobs_py)
+    path = os.pathsep.join([tmp, code])
+    return {**os.environ, "PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "tool_settings"}

@@ -100,15 +100,7 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
     ):
         url = f"redis://127.0.0.1:{port}/0"
-        Path(tmp, "gc_settings.py").write_text(benchenv.settings_py(url, ["gcapp"]))
-        Path(tmp, "gcapp").mkdir()
-        Path(tmp, "gcapp", "__init__.py").write_text("")
-        Path(tmp, "gcapp", "jobs.py").write_text(JOBS_PY)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([tmp, str(ROOT)]),
-            "DJANGO_SETTINGS_MODULE": "gc_settings",
-        }
+        env = benchenv.project(tmp, url, "gcapp", JOBS_PY, str(ROOT))
         command = [python, "-c", WORKER, str(args.jobs), "1" if args.freeze else "0"]
         subprocess.run(command, env=env, check=True)
 

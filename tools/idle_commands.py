@@ -51,14 +51,8 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
     ):
         url = f"redis://127.0.0.1:{port}/0"
-        Path(tmp, "idle_settings.py").write_text(
-            benchenv.settings_py(url, [], {"CONCURRENCY": args.concurrency})
-        )
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([tmp, str(ROOT)]),
-            "DJANGO_SETTINGS_MODULE": "idle_settings",
-        }
+        cogworker = {"CONCURRENCY": args.concurrency}
+        env = benchenv.project(tmp, url, "idleapp", "", str(ROOT), cogworker)
         worker = subprocess.Popen([python, "-m", "django", "cogworker"], env=env)
         try:
             time.sleep(args.settle)

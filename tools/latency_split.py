@@ -171,16 +171,8 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
     ):
         url = f"redis://127.0.0.1:{port}/0"
-        Path(tmp, "latency_settings.py").write_text(benchenv.settings_py(url, ["latapp"]))
-        Path(tmp, "latapp").mkdir()
-        Path(tmp, "latapp", "__init__.py").write_text("")
-        Path(tmp, "latapp", "jobs.py").write_text(JOBS_PY)
+        env = benchenv.project(tmp, url, "latapp", JOBS_PY, args.project)
         Path(tmp, "stamps.py").write_text(STAMPS_PY)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([tmp, args.project]),
-            "DJANGO_SETTINGS_MODULE": "latency_settings",
-        }
         out = str(Path(tmp, "stamps.json"))
         subprocess.run([python, "-c", WORKER, str(args.jobs), ENQUEUER, out], env=env, check=True)
         stamps = {**json.loads(Path(out).read_text()), **json.loads(Path(out + ".client").read_text())}
