@@ -6,7 +6,8 @@ change; this runs its cogworker workload by hand: the harness's own
 virtualenv (``~/.cache/cogworker-bench/venvs/cogworker``, made by its first
 run), its job (``workloads/cogbench_app``: ``noop()`` records its start with
 one ``RPUSH cogbench:done``) and its settings (``CONCURRENCY`` 10, reliable
-fetch, logging at WARNING), on a redis-server of our own. For each worker
+fetch, logging at WARNING), with this checkout's code, on a redis-server
+of our own. For each worker
 command, ``--jobs`` jobs are queued with ``delay_many()``, the worker is
 started, and throughput is (n - 1) / (last start - first start), as the
 harness computes it. The commands alternate, ``--repeat`` times each: one
@@ -161,7 +162,8 @@ def main() -> None:
         Path(tmp, "scaling_unpinned_settings.py").write_text(unpinned)
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([tmp, args.bench]),
+            # This checkout's code, ahead of the one the harness's virtualenv installed.
+            "PYTHONPATH": os.pathsep.join([tmp, args.bench, str(ROOT)]),
             "COGBENCH_REDIS_URL": url,
         }
         rates: dict[str, list[float]] = {label: [] for label, _, _ in rows}
