@@ -2,8 +2,9 @@
 for the testing helpers.
 
 Duties: take the job off its in-progress list in the same call, and only
-if it is still there (G18: a job taken back meanwhile is not filed twice);
-trim the dead set to DEAD_TIMEOUT and DEAD_MAX_JOBS when asked.
+if it is still there (a job that a shutdown or a recovery put back
+meanwhile is not filed too, which would run it twice); trim the dead set
+to DEAD_TIMEOUT and DEAD_MAX_JOBS when asked.
 """
 
 from __future__ import annotations
