@@ -10,7 +10,9 @@ fetch, logging at WARNING), with this checkout's code, on a redis-server
 of our own. For each worker
 command, ``--jobs`` jobs are queued with ``delay_many()``, the worker is
 started, and throughput is (n - 1) / (last start - first start), as the
-harness computes it. The commands alternate, ``--repeat`` times each: one
+harness computes it; the cores the worker's processes and the Redis server
+used from the first job's record to the last's are read from ``/proc`` and
+``INFO cpu``. The commands alternate, ``--repeat`` times each: one
 process and ``--processes 2``, with the default ``CPU_AFFINITY`` ("auto")
 and with ``None`` (threads on any CPU). ``--job sha256`` runs, instead of the
 harness's no-op, a job that hashes 8 MB before its record: C code that
@@ -23,6 +25,7 @@ runs, instead, one pinned process with its threads under ``SCHED_BATCH``
     python3 tools/scaling.py --bench /path/to/shared/bench --jobs 50000
     python3 tools/scaling.py --job sha256 --jobs 400
     python3 tools/scaling.py --policy --jobs 20000 --repeat 5
+    python3 tools/scaling.py --concurrency 40
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import benchenv
@@ -102,7 +106,34 @@ POLICY_ROWS = [
 ]
 
 
-def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, command: list[str]) -> float:
+def _group_cpu_s(pgid: int) -> float:
+    """CPU time (user and system) of the live processes of group ``pgid``."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _redis_cpu_s(port: int) -> float:
+    info = dict(line.split(":", 1) for line in _cli(port, "INFO", "cpu").splitlines() if ":" in line)
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@dataclass
+class Run:
+    per_s: float
+    #: Cores used from the first job's record to the last's: the worker's
+    #: processes, and the Redis server.
+    worker_cores: float
+    redis_cores: float
+
+
+def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, command: list[str]) -> Run:
     _cli(port, "FLUSHALL")
     enqueue = ENQUEUE.replace("JOB", job).replace("N)", f"{jobs})")
     subprocess.run([python, "-c", enqueue], env=env, check=True)
@@ -114,15 +145,19 @@ def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, comma
     )
     try:
         deadline = time.monotonic() + DEADLINE_S
-        while int(_cli(port, "LLEN", "cogbench:done")) < jobs:
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"scaling: {command} stopped or stalled (exit {worker.returncode})")
-            time.sleep(0.1)
+        marks = []
+        for goal in (1, jobs):
+            while int(_cli(port, "LLEN", "cogbench:done")) < goal:
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"scaling: {command} stopped or stalled (exit {worker.returncode})")
+                time.sleep(0.1 if goal > 1 else 0.01)
+            marks.append((time.monotonic(), _group_cpu_s(worker.pid), _redis_cpu_s(port)))
     finally:
         os.killpg(worker.pid, 15)
         worker.wait(60)
     stamps = sorted(float(x) for x in _cli(port, "LRANGE", "cogbench:done", "0", "-1").split())
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    (t0, w0, r0), (t1, w1, r1) = marks
+    return Run((len(stamps) - 1) / (stamps[-1] - stamps[0]), (w1 - w0) / (t1 - t0), (r1 - r0) / (t1 - t0))
 
 
 def main() -> None:
@@ -141,6 +176,9 @@ def main() -> None:
         action="store_true",
         help="compare one pinned process with its threads under SCHED_BATCH and SCHED_OTHER",
     )
+    parser.add_argument(
+        "--concurrency", type=int, default=10, help="threads per worker process (the harness's: 10)"
+    )
     args = parser.parse_args()
     rows = POLICY_ROWS if args.policy else ROWS
     python = benchenv.python()
@@ -154,11 +192,12 @@ def main() -> None:
     ):
         url = f"redis://127.0.0.1:{port}/0"
         apps = ["workloads.cogbench_app", "scalingapp"]
-        Path(tmp, "scaling_settings.py").write_text(benchenv.settings_py(url, apps))
+        threads = {"CONCURRENCY": args.concurrency}
+        Path(tmp, "scaling_settings.py").write_text(benchenv.settings_py(url, apps, threads))
         Path(tmp, "scalingapp").mkdir()
         Path(tmp, "scalingapp", "__init__.py").write_text("")
         Path(tmp, "scalingapp", "jobs.py").write_text(SCALINGAPP_JOBS)
-        unpinned = benchenv.settings_py(url, apps, {"CPU_AFFINITY": None})
+        unpinned = benchenv.settings_py(url, apps, {**threads, "CPU_AFFINITY": None})
         Path(tmp, "scaling_unpinned_settings.py").write_text(unpinned)
         env = {
             **os.environ,
@@ -166,20 +205,27 @@ def main() -> None:
             "PYTHONPATH": os.pathsep.join([tmp, args.bench, str(ROOT)]),
             "COGBENCH_REDIS_URL": url,
         }
-        rates: dict[str, list[float]] = {label: [] for label, _, _ in rows}
+        runs: dict[str, list[Run]] = {label: [] for label, _, _ in rows}
         for _ in range(args.repeat):
             for label, module, command in rows:
                 rows_env = {**env, "DJANGO_SETTINGS_MODULE": module}
-                rates[label].append(_run(python, rows_env, port, args.job, args.jobs, command))
-    print(f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs the first row alike |")
-    print("|---|---|---|---|")
+                runs[label].append(_run(python, rows_env, port, args.job, args.jobs, command))
+    print(
+        f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs the first row alike "
+        "| cores: workers, Redis (medians) |"
+    )
+    print("|---|---|---|---|---|")
     for label, module, _ in rows:
-        one = statistics.median(rates[next(lb for lb, m, _ in rows if m == module)])
-        found = rates[label]
-        runs = ", ".join(f"{r:,.0f}" for r in found)
-        print(
-            f"| {label} | {runs} | {statistics.median(found):,.0f} | {statistics.median(found) / one:.2f}x |"
+        first = next(lb for lb, m, _ in rows if m == module)
+        one = statistics.median(r.per_s for r in runs[first])
+        found = runs[label]
+        rates = ", ".join(f"{r.per_s:,.0f}" for r in found)
+        median = statistics.median(r.per_s for r in found)
+        cores = (
+            f"{statistics.median(r.worker_cores for r in found):.2f}, "
+            f"{statistics.median(r.redis_cores for r in found):.2f}"
         )
+        print(f"| {label} | {rates} | {median:,.0f} | {median / one:.2f}x | {cores} |")
 
 
 if __name__ == "__main__":
