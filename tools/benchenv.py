@@ -4,13 +4,21 @@ The harness (``shared/bench``) builds a virtualenv with this checkout
 installed editable (``VENV``) on its first run; ``settings_py`` writes
 Django settings like the ones it writes for its run (the admin and the other
 contrib apps, ``CONCURRENCY`` 10, logging at WARNING), for the tools'
-own Redis and apps.
+own Redis and apps; ``project`` starts that Redis and writes those settings
+and a tool's app, to run this checkout's code there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import localredis
 
 VENV = Path.home() / ".cache" / "cogworker-bench" / "venvs" / "cogworker"
 
@@ -49,16 +57,43 @@ def python() -> str:
     return str(VENV / "bin" / "python")
 
 
+@dataclass(frozen=True)
+class Project:
+    """A tool's temporary project: the harness's interpreter, a
+    redis-server of its own, and the environment that runs the tool's app."""
+
+    python: str
+    port: int
+    tmp: str
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
 def project(
-    tmp: str, url: str, app: str, jobs_py: str, code: str, cogworker: dict[str, object] | None = None
-) -> dict[str, str]:
-    """Writes the settings module ``tool_settings`` and the app ``app`` (its
-    ``jobs.py`` is ``jobs_py``) into ``tmp``; returns the environment that
+    tool: str,
+    redis_server: str | None,
+    app: str,
+    jobs_py: str,
+    code: str,
+    cogworker: dict[str, object] | None = None,
+) -> Iterator[Project]:
+    """Starts a redis-server (``redis_server``, else an installed one) and
+    writes, in a temporary directory, the settings module ``tool_settings``
+    and the app ``app`` (its ``jobs.py`` is ``jobs_py``); the environment
     runs them with the django_cogworker of the checkout ``code``, ahead of
-    the one the harness's virtualenv installed."""
-    Path(tmp, "tool_settings.py").write_text(settings_py(url, [app], cogworker))
-    Path(tmp, app).mkdir()
-    Path(tmp, app, "__init__.py").write_text("")
-    Path(tmp, app, "jobs.py").write_text(jobs_py)
-    path = os.pathsep.join([tmp, code])
-    return {**os.environ, "PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "tool_settings"}
+    the one the harness's virtualenv installed. Exits naming ``tool`` when
+    that virtualenv is not there yet."""
+    if not os.path.exists(python()):
+        sys.exit(f"{tool}: no {python()}; run the harness once first (shared/bench/run.py)")
+    with (
+        localredis.running(localredis.server_binary(redis_server)) as port,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        url = f"redis://127.0.0.1:{port}/0"
+        Path(tmp, "tool_settings.py").write_text(settings_py(url, [app], cogworker))
+        Path(tmp, app).mkdir()
+        Path(tmp, app, "__init__.py").write_text("")
+        Path(tmp, app, "jobs.py").write_text(jobs_py)
+        path = os.pathsep.join([tmp, code])
+        env = {**os.environ, "PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "tool_settings"}
+        yield Project(python(), port, tmp, env)

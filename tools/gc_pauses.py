@@ -17,14 +17,10 @@ start-up is done).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import benchenv
-import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,17 +88,9 @@ def main() -> None:
     parser.add_argument("--freeze", action="store_true", help="gc.freeze() before the worker starts")
     parser.add_argument("--redis-server", help="the redis-server binary (default: an installed one)")
     args = parser.parse_args()
-    python = benchenv.python()
-    if not os.path.exists(python):
-        sys.exit(f"gc_pauses: no {python}; run the harness once first (shared/bench/run.py)")
-    with (
-        localredis.running(localredis.server_binary(args.redis_server)) as port,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        url = f"redis://127.0.0.1:{port}/0"
-        env = benchenv.project(tmp, url, "gcapp", JOBS_PY, str(ROOT))
-        command = [python, "-c", WORKER, str(args.jobs), "1" if args.freeze else "0"]
-        subprocess.run(command, env=env, check=True)
+    with benchenv.project("gc_pauses", args.redis_server, "gcapp", JOBS_PY, str(ROOT)) as project:
+        command = [project.python, "-c", WORKER, str(args.jobs), "1" if args.freeze else "0"]
+        subprocess.run(command, env=project.env, check=True)
 
 
 if __name__ == "__main__":

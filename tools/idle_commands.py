@@ -19,12 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import benchenv
-import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,19 +39,13 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=4.0, help="seconds after the start before counting")
     parser.add_argument("--redis-server", help="the redis-server binary (default: an installed one)")
     args = parser.parse_args()
-    python, cli = benchenv.python(), shutil.which("redis-cli")
-    if not os.path.exists(python):
-        sys.exit(f"idle_commands: no {python}; run the harness once first (shared/bench/run.py)")
+    cli = shutil.which("redis-cli")
     if cli is None:
         sys.exit("idle_commands: needs redis-cli (apt-get install redis-server)")
-    with (
-        localredis.running(localredis.server_binary(args.redis_server)) as port,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        url = f"redis://127.0.0.1:{port}/0"
-        cogworker = {"CONCURRENCY": args.concurrency}
-        env = benchenv.project(tmp, url, "idleapp", "", str(ROOT), cogworker)
-        worker = subprocess.Popen([python, "-m", "django", "cogworker"], env=env)
+    cogworker = {"CONCURRENCY": args.concurrency}
+    with benchenv.project("idle_commands", args.redis_server, "idleapp", "", str(ROOT), cogworker) as project:
+        port, tmp = project.port, project.tmp
+        worker = subprocess.Popen([project.python, "-m", "django", "cogworker"], env=project.env)
         try:
             time.sleep(args.settle)
             out = Path(tmp, "monitor.txt")

@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import benchenv
-import localredis
 
 JOBS_PY = """
 import time
@@ -163,18 +160,12 @@ def main() -> None:
         help="the checkout whose django_cogworker is measured (default: this one, not the harness's)",
     )
     args = parser.parse_args()
-    python = benchenv.python()
-    if not os.path.exists(python):
-        sys.exit(f"latency_split: no {python}; run the harness once first (shared/bench/run.py)")
-    with (
-        localredis.running(localredis.server_binary(args.redis_server)) as port,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        url = f"redis://127.0.0.1:{port}/0"
-        env = benchenv.project(tmp, url, "latapp", JOBS_PY, args.project)
+    with benchenv.project("latency_split", args.redis_server, "latapp", JOBS_PY, args.project) as project:
+        tmp = project.tmp
         Path(tmp, "stamps.py").write_text(STAMPS_PY)
         out = str(Path(tmp, "stamps.json"))
-        subprocess.run([python, "-c", WORKER, str(args.jobs), ENQUEUER, out], env=env, check=True)
+        command = [project.python, "-c", WORKER, str(args.jobs), ENQUEUER, out]
+        subprocess.run(command, env=project.env, check=True)
         stamps = {**json.loads(Path(out).read_text()), **json.loads(Path(out + ".client").read_text())}
     counts = {len(v) for v in stamps.values()}
     if counts != {args.jobs}:
