@@ -16,7 +16,7 @@ from typing import Any, Literal, overload
 
 from django_cogworker import client, registry
 from django_cogworker.conf import DEFAULT_QUEUE
-from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid
+from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid, new_jids
 
 RetryIn = Callable[[int, BaseException], float | int | None]
 OnExhausted = Callable[[Payload, BaseException], Any]
@@ -116,11 +116,13 @@ class Job:
                 f"{bare}. Nothing was enqueued."
             ) from None
 
-    def payload(self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None) -> Payload:
+    def payload(
+        self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None, jid: str | None = None
+    ) -> Payload:
         check_arguments(self.name, args, kwargs)
         now = time.time() if now is None else now
         payload: Payload = {
-            "jid": new_jid(),
+            "jid": new_jid() if jid is None else jid,
             "job": self.name,
             "args": list(args),
             "kwargs": kwargs,
@@ -137,12 +139,12 @@ class Job:
         return payload
 
     def checked_payload(
-        self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None
+        self, args: Sequence[Any], kwargs: dict[str, Any], now: float | None = None, jid: str | None = None
     ) -> Payload:
         """:meth:`payload` for a call that ``.delay()`` and friends make:
         JSON arguments that arrive as they were passed, and that the
         function accepts."""
-        payload = self.payload(args, kwargs, now)
+        payload = self.payload(args, kwargs, now, jid)
         check_shape(self.name, args, kwargs)
         self.check_call(args, kwargs)
         return payload
@@ -174,7 +176,9 @@ class Job:
 
         Every call's arguments are checked before anything is pushed."""
         now = time.time()
-        payloads = [self.checked_payload(args, kwargs, now) for args, kwargs in calls]
+        calls = list(calls)
+        jids = new_jids(len(calls))
+        payloads = [self.checked_payload(a, kw, now, jid) for (a, kw), jid in zip(calls, jids, strict=True)]
         return client.enqueue_many(payloads, chunk_size=chunk_size)
 
 

@@ -35,6 +35,9 @@ MAX_DEPTH = 500
 #: ``args`` list or ``kwargs`` object).
 MAX_ARGUMENT_DEPTH = MAX_DEPTH - 2
 
+#: A jid is this many random bytes, in hex.
+JID_BYTES = 12
+
 #: Characters of a job's arguments kept in a :func:`summary` (what a
 #: heartbeat records for each running job; the busy page shows it).
 ARGS_PREVIEW_CHARS = 200
@@ -54,7 +57,15 @@ _preview_encoder = json.JSONEncoder(ensure_ascii=False, default=repr)
 
 
 def new_jid() -> str:
-    return secrets.token_hex(12)
+    return secrets.token_hex(JID_BYTES)
+
+
+def new_jids(count: int) -> list[str]:
+    """``count`` jids, as :func:`new_jid` makes them, from one read of the
+    system's random source (``delay_many``)."""
+    width = 2 * JID_BYTES
+    text = secrets.token_bytes(JID_BYTES * count).hex()
+    return [text[start : start + width] for start in range(0, width * count, width)]
 
 
 def encode(payload: Payload) -> bytes:
@@ -75,14 +86,21 @@ def check_shape(job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> N
     job changed: a tuple (a list then), a dict key that is not a string.
     For ``@job``'s ``.delay()``; Django's Tasks define tuples to arrive as
     lists, so their backend does not call it."""
-    named = [(f"positional argument {i}", v) for i, v in enumerate(args)]
-    for what, value in [*named, *((f"argument {k!r}", v) for k, v in kwargs.items())]:
-        problem = "" if isinstance(value, _SCALARS) else _changes_shape(value)
-        if problem:
-            raise TypeError(
-                f"{what} of job {job_name!r} {problem}, so the job would not receive what was passed; "
-                "pass lists and dicts with string keys. Nothing was enqueued."
-            )
+    for index, value in enumerate(args):
+        if not isinstance(value, _SCALARS):
+            _refuse_changed(job_name, f"positional argument {index}", value)
+    for key, value in kwargs.items():
+        if not isinstance(value, _SCALARS):
+            _refuse_changed(job_name, f"argument {key!r}", value)
+
+
+def _refuse_changed(job_name: str, what: str, value: Any) -> None:
+    problem = _changes_shape(value)
+    if problem:
+        raise TypeError(
+            f"{what} of job {job_name!r} {problem}, so the job would not receive what was passed; "
+            "pass lists and dicts with string keys. Nothing was enqueued."
+        )
 
 
 def _check_one(job_name: str, what: str, value: Any) -> None:

@@ -217,16 +217,18 @@ def test_delay_many_pipelines_in_chunks_and_returns_every_jid(cog, monkeypatch):
 
     assert len(rounds) == 3  # 2500 calls, chunks of 1000: three round trips
     assert len(jids) == 2500 and len(set(jids)) == 2500
-    payloads = queued(cog)
+    # As .delay() makes them: 12 random bytes in hex (delay_many reads them in one go).
+    assert all(re.fullmatch("[0-9a-f]{24}", jid) for jid in [*jids, jobs.record.delay()])
+    payloads = queued(cog)[:-1]
     assert [p["jid"] for p in payloads] == jids
     assert [p["args"] for p in payloads[:3]] == [[0], [1], [2]]
     assert (payloads[-1]["args"], payloads[-1]["kwargs"]) == ([], {"tag": "last"})
     assert all(set(p) == PAYLOAD_KEYS for p in payloads)
 
 
-def test_delay_many_with_a_small_chunk_size(cog, monkeypatch):
+def test_delay_many_with_a_small_chunk_size_and_calls_from_a_generator(cog, monkeypatch):
     rounds = count_pipeline_executions(monkeypatch)
-    jids = jobs.record.set(queue="bulk").delay_many([((i,), {}) for i in range(25)], chunk_size=10)
+    jids = jobs.record.set(queue="bulk").delay_many((((i,), {}) for i in range(25)), chunk_size=10)
     assert len(rounds) == 3
     assert [p["jid"] for p in queued(cog, "bulk")] == jids
     assert cog.redis.smembers(cog.key("queues")) == {b"bulk"}
