@@ -35,7 +35,7 @@ from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, follow_master, get_keys, get_redis
 from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_boundary
 from django_cogworker.keys import Keys
-from django_cogworker.payload import Payload, encode
+from django_cogworker.payload import Payload, encode, encode_many
 
 #: Hook for the testing helpers' inline mode: when set, payloads are handed
 #: to it instead of Redis.
@@ -239,11 +239,11 @@ def _queue_writes(pipe: Any, k: Keys, payloads: list[Payload], at: float | None,
     if also is not None:
         also(pipe)
     if at is not None:
-        pipe.zadd(k.schedule, {encode(p): at for p in payloads})
+        pipe.zadd(k.schedule, dict.fromkeys(encode_many(payloads), at))
         return
     by_queue: dict[str, list[bytes]] = {}
-    for p in payloads:
-        by_queue.setdefault(p["queue"], []).append(encode(p))
+    for p, raw in zip(payloads, encode_many(payloads), strict=True):
+        by_queue.setdefault(p["queue"], []).append(raw)
     for queue, raws in by_queue.items():
         pipe.sadd(k.queues, queue)
         pipe.lpush(k.queue(queue), *raws)

@@ -15,6 +15,7 @@ from django.db import transaction
 
 from django_cogworker import job, registry
 from django_cogworker.errors import CogworkerError, EnqueueRefused, RedisUnavailable
+from django_cogworker.payload import encode, encode_many, new_jid
 from testproject.demo import jobs as demo_jobs
 from testproject.testapp import jobs
 from tests.conftest import free_port
@@ -224,6 +225,43 @@ def test_delay_many_pipelines_in_chunks_and_returns_every_jid(cog, monkeypatch):
     assert [p["args"] for p in payloads[:3]] == [[0], [1], [2]]
     assert (payloads[-1]["args"], payloads[-1]["kwargs"]) == ([], {"tag": "last"})
     assert all(set(p) == PAYLOAD_KEYS for p in payloads)
+
+
+def test_encode_many_gives_the_bytes_encode_gives_each_payload():
+    now, queue, retry = time.time(), "default", True
+    calls = [
+        ([], {}),
+        ([1, "two", 3.5], {}),
+        ([], {"tag": 'é\u2028"q"', "n": None}),
+        ([[{"a": [1]}]], {"x": 1}),
+    ]
+    shared = [
+        {
+            "jid": new_jid(),
+            "job": "app.jobs.f",
+            "args": args,
+            "kwargs": kwargs,
+            "queue": queue,
+            "retry": retry,
+            "created_at": now,
+            "enqueued_at": now,
+        }
+        for args, kwargs in calls
+    ]
+    odd = [
+        {**shared[0], "jid": 'a"b'},  # a middleware's jid that needs escaping
+        {**shared[0], "retry": 1},  # equal to True, not the same object
+        {**shared[0], "dead": False, "unique_for": 5.0},
+        {"job": "app.jobs.f", "jid": new_jid(), "args": [], "kwargs": {}},  # another order
+        {**shared[1], 7: "an int key"},
+        {**shared[1], "retry": retry, "created_at": now},
+        {"jid": new_jid(), "job": "app.jobs.g", "args": (1,), "kwargs": {}, "queue": queue},
+    ]
+    payloads = shared + odd + shared
+    assert encode_many(payloads) == [encode(p) for p in payloads]
+    assert encode_many([]) == []
+    with pytest.raises(ValueError):
+        encode_many([shared[0], {**shared[0], "created_at": math.nan}])
 
 
 def test_delay_many_with_a_small_chunk_size_and_calls_from_a_generator(cog, monkeypatch):
