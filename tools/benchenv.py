@@ -20,6 +20,15 @@ from pathlib import Path
 
 import localredis
 
+#: A tool app's ``jobs.py``: the harness's no-op job, without its record.
+NOOP_JOBS_PY = """
+from django_cogworker import job
+
+@job
+def noop():
+    pass
+"""
+
 VENV = Path.home() / ".cache" / "cogworker-bench" / "venvs" / "cogworker"
 
 _SETTINGS_PY = """

@@ -24,14 +24,6 @@ import benchenv
 
 ROOT = Path(__file__).resolve().parent.parent
 
-JOBS_PY = """
-from django_cogworker import job
-
-@job
-def noop():
-    pass
-"""
-
 WORKER = """
 import collections, gc, sys, threading, time
 import django
@@ -88,7 +80,8 @@ def main() -> None:
     parser.add_argument("--freeze", action="store_true", help="gc.freeze() before the worker starts")
     parser.add_argument("--redis-server", help="the redis-server binary (default: an installed one)")
     args = parser.parse_args()
-    with benchenv.project("gc_pauses", args.redis_server, "gcapp", JOBS_PY, str(ROOT)) as project:
+    jobs_py = benchenv.NOOP_JOBS_PY
+    with benchenv.project("gc_pauses", args.redis_server, "gcapp", jobs_py, str(ROOT)) as project:
         command = [project.python, "-c", WORKER, str(args.jobs), "1" if args.freeze else "0"]
         subprocess.run(command, env=project.env, check=True)
 

@@ -12,8 +12,10 @@ command, ``--jobs`` jobs are queued with ``delay_many()``, the worker is
 started, and throughput is (n - 1) / (last start - first start), as the
 harness computes it; the cores the worker's processes and the Redis server
 used from the first job's record to the last's are read from ``/proc`` and
-``INFO cpu``. The commands alternate, ``--repeat`` times each: one
-process and ``--processes 2``, with the default ``CPU_AFFINITY`` ("auto")
+``INFO cpu``, and, per job over the same span, the worker's CPU and its
+threads' context switches, those forced on them apart
+(``/proc/<pid>/task/*/status``). The commands alternate, ``--repeat``
+times each: one process and ``--processes 2``, with the default ``CPU_AFFINITY`` ("auto")
 and with ``None`` (threads on any CPU). ``--job sha256`` runs, instead of the
 harness's no-op, a job that hashes 8 MB before its record: C code that
 releases the GIL, what pinning a process to one CPU costs most. ``--policy``
@@ -106,17 +108,25 @@ POLICY_ROWS = [
 ]
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """CPU time (user and system) of the live processes of group ``pgid``."""
-    total = 0
+def _group_usage(pgid: int) -> tuple[float, int, int]:
+    """CPU time (user and system), context switches and, of those, the
+    involuntary ones, of the live processes of group ``pgid``."""
+    ticks = switches = forced = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for status in stat.parent.glob("task/*/status"):
+                for line in status.read_text().splitlines():
+                    if "ctxt_switches:" in line:
+                        count = int(line.split(":")[1])
+                        switches += count
+                        forced += count if line.startswith("nonvoluntary") else 0
         except OSError:
             continue  # exited meanwhile
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK"), switches, forced
 
 
 def _redis_cpu_s(port: int) -> float:
@@ -131,6 +141,11 @@ class Run:
     #: processes, and the Redis server.
     worker_cores: float
     redis_cores: float
+    #: Per job, over the same span: the worker's CPU (µs) and its threads'
+    #: context switches (a thread that ended meanwhile takes its own along).
+    cpu_us: float
+    switches: float
+    forced: float
 
 
 def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, command: list[str]) -> Run:
@@ -151,13 +166,17 @@ def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, comma
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"scaling: {command} stopped or stalled (exit {worker.returncode})")
                 time.sleep(0.1 if goal > 1 else 0.01)
-            marks.append((time.monotonic(), _group_cpu_s(worker.pid), _redis_cpu_s(port)))
+            done = int(_cli(port, "LLEN", "cogbench:done"))
+            marks.append((time.monotonic(), done, *_group_usage(worker.pid), _redis_cpu_s(port)))
     finally:
         os.killpg(worker.pid, 15)
         worker.wait(60)
     stamps = sorted(float(x) for x in _cli(port, "LRANGE", "cogbench:done", "0", "-1").split())
-    (t0, w0, r0), (t1, w1, r1) = marks
-    return Run((len(stamps) - 1) / (stamps[-1] - stamps[0]), (w1 - w0) / (t1 - t0), (r1 - r0) / (t1 - t0))
+    (t0, n0, w0, s0, f0, r0), (t1, n1, w1, s1, f1, r1) = marks
+    span, ran = t1 - t0, max(n1 - n0, 1)
+    rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    cores, per_job = ((w1 - w0) / span, (r1 - r0) / span), ((w1 - w0) / ran * 1e6, (s1 - s0) / ran)
+    return Run(rate, *cores, *per_job, (f1 - f0) / ran)
 
 
 def main() -> None:
@@ -212,9 +231,9 @@ def main() -> None:
                 runs[label].append(_run(python, rows_env, port, args.job, args.jobs, command))
     print(
         f"| worker | jobs/s ({args.repeat} runs of {args.jobs:,}) | median | vs the first row alike "
-        "| cores: workers, Redis (medians) |"
+        "| cores: workers, Redis (medians) | per job: worker CPU µs, context switches (involuntary) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for label, module, _ in rows:
         first = next(lb for lb, m, _ in rows if m == module)
         one = statistics.median(r.per_s for r in runs[first])
@@ -225,7 +244,12 @@ def main() -> None:
             f"{statistics.median(r.worker_cores for r in found):.2f}, "
             f"{statistics.median(r.redis_cores for r in found):.2f}"
         )
-        print(f"| {label} | {rates} | {median:,.0f} | {median / one:.2f}x | {cores} |")
+        per_job = (
+            f"{statistics.median(r.cpu_us for r in found):.0f}, "
+            f"{statistics.median(r.switches for r in found):.1f} "
+            f"({statistics.median(r.forced for r in found):.1f})"
+        )
+        print(f"| {label} | {rates} | {median:,.0f} | {median / one:.2f}x | {cores} | {per_job} |")
 
 
 if __name__ == "__main__":
