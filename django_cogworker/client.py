@@ -22,10 +22,9 @@ the payload is released.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -154,7 +153,7 @@ def push(
 ) -> None:
     """Writes payloads the chain accepted: to their queues, or to the
     schedule set at epoch ``at``; with ``also``'s commands in one MULTI."""
-    with _cancelled_on_failure(chain, payloads):
+    with _CancelledOnFailure(chain, payloads):
         if also is None:
             _push(payloads, at)  # the seam the tests patch to fail a push
         else:
@@ -166,7 +165,7 @@ async def apush(
 ) -> None:
     """:func:`push` on a ``redis.asyncio`` client, one pipeline."""
     config = get_config()
-    with _cancelled_on_failure(chain, payloads), redis_boundary("enqueue", refused=EnqueueRefused):
+    with _CancelledOnFailure(chain, payloads), redis_boundary("enqueue", refused=EnqueueRefused):
         k = get_keys()
         async with async_redis() as conn:
             async with conn.pipeline(transaction=also is not None) as pipe:
@@ -177,16 +176,22 @@ async def apush(
                 await confirm.aconfirm(conn, k, config, _jids(payloads))
 
 
-@contextlib.contextmanager
-def _cancelled_on_failure(chain: middleware.ClientChain, payloads: list[Payload]) -> Iterator[None]:
-    try:
-        yield
-    except EnqueueNotReplicated:
-        raise  # pushed after all: a unique lock stays with the job
-    except BaseException:
-        for payload in payloads:
-            chain.cancel(payload)
-        raise
+class _CancelledOnFailure:
+    """Tells the chain to cancel the payloads when the block raises (a unique
+    lock taken for one is released), unless they were pushed after all."""
+
+    def __init__(self, chain: middleware.ClientChain, payloads: list[Payload]) -> None:
+        self.chain = chain
+        self.payloads = payloads
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, EnqueueNotReplicated):
+            return  # an EnqueueNotReplicated was pushed: a unique lock stays with the job
+        for payload in self.payloads:
+            self.chain.cancel(payload)
 
 
 #: Queue names this process registered in ``N:queues`` lately (name ->

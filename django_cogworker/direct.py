@@ -12,7 +12,11 @@ that brings a busy worker's jobs, where they took a fifth of the time the
 worker held the GIL. :func:`call` sends one command on a connection from a
 stack of this module's own, made from the client's pool's settings (so
 TLS, credentials, timeouts and the health check are the client's), and puts
-it back once the reply is read.
+it back once the reply is read. On a connection that parses with hiredis
+(``redis[hiredis]``, a dependency), the command is packed here and its
+reply read with the connection's own hiredis reader, past the connection's
+own layers too (:func:`_roundtrip`); any other connection is driven through
+its public methods.
 
 Only plain clients take this way: a Sentinel client keeps its pool (which
 follows the master), a Cluster client its slot routing, a pool with a
@@ -31,9 +35,18 @@ ones with the pool's (:func:`drop_idle`).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import redis
+
+_HIREDIS_READER: Any
+_NOT_ENOUGH_DATA: Any
+try:
+    from hiredis import Reader as _HIREDIS_READER
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+except ImportError:  # without hiredis, the connections' public methods do it all
+    _HIREDIS_READER = _NOT_ENOUGH_DATA = None
 
 #: Idle connections kept per process; more are made while more threads
 #: enqueue at once, and closed when they are handed back beyond this.
@@ -51,6 +64,8 @@ class _Stack:
         self.pool = pool
         self.usable = usable
         self.pid = os.getpid()
+        #: The client last found to use ``pool`` (not a pipeline).
+        self.client: Any = None
         self.idle: list[Any] = []
 
     def take(self) -> Any:
@@ -79,11 +94,17 @@ _NONE = _Stack(None, usable=False)
 
 def _stack_for(client: Any) -> _Stack:
     global _stack
+    stack = _stack
+    # A process forked by a server's C code runs no os.register_at_fork
+    # hook, so the pid is checked on each call, as redis-py's pool does.
+    pid = os.getpid()
+    if stack is not None and stack.client is client and stack.pid == pid:
+        return stack  # before isinstance(): redis-py's Pipeline is a Protocol, slow to check
     if isinstance(client, redis.client.Pipeline):
         return _NONE  # shares its client's pool, but its commands wait for execute()
     pool = getattr(client, "connection_pool", None)
-    stack = _stack
-    if stack is not None and stack.pool is pool and stack.pid == os.getpid():
+    if stack is not None and stack.pool is pool and stack.pid == pid:
+        stack.client = client
         return stack
     usable = (
         type(pool) in _PLAIN_POOLS
@@ -92,7 +113,70 @@ def _stack_for(client: Any) -> _Stack:
     )
     # After a fork the parent's sockets are left alone: dropped, not closed.
     _stack = stack = _Stack(pool, usable)
+    stack.client = client
     return stack
+
+
+def _pack(args: tuple[Any, ...]) -> bytes | None:
+    """The RESP bytes of a command whose arguments are all str, bytes or
+    int, as redis-py packs them (str as UTF-8); None for any other."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            arg = arg.encode()
+        elif kind is int:
+            arg = b"%d" % arg
+        elif kind is not bytes:
+            return None
+        parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(parts)
+
+
+def _lean_parser(conn: Any) -> Any:
+    """The connection's parser if the connection is open, parses with
+    hiredis, and is not due a health check; otherwise None (its public
+    methods then do all of it)."""
+    parser = getattr(conn, "_parser", None)
+    if type(getattr(parser, "_reader", None)) is not _HIREDIS_READER or conn._sock is None:
+        return None
+    if type(getattr(parser, "_buffer", None)) is not bytearray:
+        return None
+    interval = conn.health_check_interval
+    if interval and time.monotonic() > conn.next_health_check:
+        return None
+    return parser
+
+
+def _roundtrip(conn: Any, args: tuple[Any, ...]) -> Any:
+    """Sends one command on ``conn`` and returns its reply (an error reply
+    is raised), as ``send_packed_command`` and ``read_response`` do."""
+    packed = _pack(args)
+    parser = _lean_parser(conn) if packed is not None else None
+    if parser is None:
+        conn.send_packed_command(conn.pack_command(*args))
+        return conn.read_response()
+    sock, reader, buffer = conn._sock, parser._reader, parser._buffer
+    sock.sendall(packed)
+    while True:
+        reply = reader.gets()
+        while reply is _NOT_ENOUGH_DATA:
+            count = sock.recv_into(buffer)
+            if not count:
+                raise redis.ConnectionError("Connection closed by server.")
+            reader.feed(buffer, 0, count)
+            reply = reader.gets()
+        push = getattr(parser, "_hiredis_PushNotificationType", None)  # RESP3, redis-py >= 5.1
+        if push is None or not isinstance(reply, push):
+            break
+        parser.handle_push_response(reply)  # RESP3: a push is not the reply, which follows it
+    if conn.health_check_interval:
+        conn.next_health_check = time.monotonic() + conn.health_check_interval
+    if isinstance(reply, Exception):
+        raise reply  # hiredis made it with redis-py's own error classes
+    if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
+        raise reply[0]
+    return reply
 
 
 def call(client: Any, *args: Any) -> Any:
@@ -105,8 +189,7 @@ def call(client: Any, *args: Any) -> Any:
         return ORDINARY
     conn = stack.take()
     try:
-        conn.send_packed_command(conn.pack_command(*args))
-        reply = conn.read_response()
+        reply = _roundtrip(conn, args)
     except redis.ResponseError:
         stack.give_back(conn)
         raise

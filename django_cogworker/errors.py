@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
@@ -151,8 +150,7 @@ def translate(
     return refused(f"could not {doing}: Redis refused it ({exc})")
 
 
-@contextlib.contextmanager
-def redis_boundary(doing: str, *, refused: type[RedisRefused] = RedisRefused) -> Iterator[None]:
+def redis_boundary(doing: str, *, refused: type[RedisRefused] = RedisRefused) -> _Boundary:
     """Raises redis-py's errors from the block (or the decorated function)
     as ours, through :func:`translate`, ``from`` the original::
 
@@ -164,11 +162,25 @@ def redis_boundary(doing: str, *, refused: type[RedisRefused] = RedisRefused) ->
 
     A generator must use it inside its body: decorating one covers only its
     creation, not the iteration."""
-    try:
-        yield
-    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+    return _Boundary(doing, refused)
+
+
+class _Boundary(contextlib.ContextDecorator):
+    """:func:`redis_boundary`'s context: a class, not a generator, as it
+    wraps every ``.delay()``."""
+
+    def __init__(self, doing: str, refused: type[RedisRefused]) -> None:
+        self.doing = doing
+        self.refused = refused
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if not isinstance(exc, (redis.RedisError, redis.exceptions.RedisClusterException)):
+            return
         if isinstance(exc, redis.ReadOnlyError):
             from django_cogworker.connection import forget_demoted_master
 
             forget_demoted_master(exc)
-        raise translate(exc, doing, refused=refused) from exc
+        raise translate(exc, self.doing, refused=self.refused) from exc

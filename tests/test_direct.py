@@ -3,13 +3,18 @@ own (django_cogworker.direct), against a redis-server of the test's own: the
 connections are reused and bounded, a killed one costs no job and no second
 copy, an error reply keeps its connection, a flushed script cache is
 reloaded on the same call, a forked child never writes on its parent's
-sockets, and Sentinel, Cluster and pipeline clients keep redis-py's way."""
+sockets, and Sentinel, Cluster and pipeline clients keep redis-py's way.
+The lean round trip packs as redis-py does and reads every kind of reply as
+it does: an error, a due health check, a RESP3 push ahead of the reply."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +222,108 @@ def test_a_pipeline_never_takes_the_direct_way(plain: CogEnv) -> None:
     pipe = connection.get_redis().pipeline()
     assert direct.call(pipe, "LPUSH", plain.key("queue:default"), b"{}") is direct.ORDINARY
     assert plain.redis.llen(plain.key("queue:default")) == 0
+
+
+def public_round_trip(conn: Any, *args: Any) -> Any:
+    """What ``direct.call`` sent and read through before its lean way."""
+    conn.send_packed_command(conn.pack_command(*args))
+    return conn.read_response()
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[[redis.Redis], Any]]:
+    """Opens connections like the client's pool's; closes them after."""
+    made: list[Any] = []
+
+    def open_one(client: redis.Redis) -> Any:
+        conn = client.connection_pool.make_connection()
+        conn.connect()
+        made.append(conn)
+        return conn
+
+    yield open_one
+    for conn in made:
+        conn.disconnect()
+
+
+def test_the_lean_packing_is_redis_pys_byte_for_byte(plain: CogEnv) -> None:
+    conn = connection.get_redis().connection_pool.make_connection()
+    for args in [
+        ("LPUSH", "cogworker:queue:default", b'{"jid":"x"}'),
+        ("EVALSHA", "0" * 40, 2, "k1", "k2", 1, -5, 0, b""),
+        ("SET", "clé", "é" * 10),
+        ("LPUSH", "k", b"x" * 100_000),
+    ]:
+        assert direct._pack(args) == b"".join(bytes(chunk) for chunk in conn.pack_command(*args))
+    for other in (1.5, True, None, memoryview(b"v")):
+        assert direct._pack(("SET", "k", other)) is None  # redis-py's own packing decides
+
+
+def test_the_lean_round_trip_replies_as_redis_py_to_every_kind_of_reply(
+    plain: CogEnv, opened: Callable[[redis.Redis], Any]
+) -> None:
+    client = connection.get_redis()
+    lean, public = opened(client), opened(client)
+    assert direct._lean_parser(lean) is not None, "the lean way is the one under test"
+    key = plain.key("probe")
+    plain.redis.set(f"{key}:str", b"v")
+    plain.redis.rpush(f"{key}:list", b"a", b"b")
+    plain.redis.hset(f"{key}:hash", mapping={"f": "1"})
+    for args in [
+        ("PING",),
+        ("GET", f"{key}:str"),
+        ("GET", f"{key}:missing"),
+        ("LRANGE", f"{key}:list", 0, -1),
+        ("HGETALL", f"{key}:hash"),
+        ("LLEN", f"{key}:list"),
+        ("EXISTS", f"{key}:str", f"{key}:missing"),
+    ]:
+        assert direct._roundtrip(lean, args) == public_round_trip(public, *args), args
+    with pytest.raises(redis.ResponseError) as lean_error:
+        direct._roundtrip(lean, ("LPUSH", f"{key}:str", b"x"))
+    with pytest.raises(redis.ResponseError) as public_error:
+        public_round_trip(public, "LPUSH", f"{key}:str", b"x")
+    assert type(lean_error.value) is type(public_error.value)
+    assert str(lean_error.value) == str(public_error.value)
+    assert direct._roundtrip(lean, ("PING",)) in (b"PONG", "PONG")  # read whole: still in step
+
+
+def test_a_connection_due_its_health_check_takes_redis_pys_way_which_pings(
+    plain: CogEnv, opened: Callable[[redis.Redis], Any]
+) -> None:
+    client = connection.get_redis()
+    conn = opened(client)
+    assert conn.health_check_interval > 0
+
+    def pings() -> int:
+        stats = plain.redis.info("commandstats")
+        return int(stats.get("cmdstat_ping", {}).get("calls", 0))
+
+    before = pings()
+    direct._roundtrip(conn, ("EXISTS", "x"))
+    assert pings() == before  # not due: no PING
+    conn.next_health_check = 0.0
+    assert direct._lean_parser(conn) is None
+    direct._roundtrip(conn, ("EXISTS", "x"))
+    assert pings() == before + 1
+    assert direct._lean_parser(conn) is not None  # the check is due again only after its interval
+
+
+def test_a_resp3_push_ahead_of_the_reply_is_handled_as_redis_py_does(
+    plain: CogEnv, opened: Callable[[redis.Redis], Any]
+) -> None:
+    client = redis.Redis.from_url(plain.url, protocol=3)
+    conn = opened(client)
+    assert direct._lean_parser(conn) is not None
+    key = plain.key("tracked")
+    plain.redis.set(key, b"old")
+    assert direct._roundtrip(conn, ("CLIENT", "TRACKING", "ON")) in (b"OK", "OK")
+    assert direct._roundtrip(conn, ("GET", key)) == b"old"  # tracked from now on
+    plain.redis.set(key, b"new")  # Redis pushes an invalidation to conn
+    assert conn._sock is not None
+    deadline = time.monotonic() + 10
+    while not select.select([conn._sock], [], [], 0.05)[0]:
+        assert time.monotonic() < deadline, "no invalidation arrived"
+    assert direct._roundtrip(conn, ("GET", key)) == b"new"  # the push first, then this reply
+    assert direct._roundtrip(conn, ("PING",)) in (b"PONG", "PONG")
+    client.close()
