@@ -9,8 +9,8 @@ with ``time.perf_counter()`` (one clock for every process of the machine):
 - in the enqueuing process (a subprocess, as the harness's driver is): at
   the call to ``client.enqueue`` (after the job's payload was built and its
   arguments checked), at ``client._push``, at ``direct.call`` (the
-  ``LPUSH`` goes on a connection of its own) and when the command's bytes are handed to the
-  socket (``Connection.send_packed_command``);
+  ``LPUSH`` goes on a connection of its own) and when the command is packed
+  (``direct._pack``, just before its bytes are handed to the socket);
 - in the worker (this process: a ``Launcher`` in a thread, pinned by
   ``CPU_AFFINITY`` as ``manage.py cogworker`` pins itself): when the
   reliable fetch returns the job (``ReliableFetch.fetch``, after redis-py
@@ -82,7 +82,7 @@ from stamps import STAMPS, stamp
 stamp("enqueue", client, "enqueue")
 stamp("push", client, "_push")
 stamp("call", direct, "call")
-stamp("send", redis.connection.Connection, "send_packed_command")
+stamp("send", direct, "_pack")
 count, out = int(sys.argv[1]), sys.argv[2]
 rng = random.Random(1234)
 probe.delay(time.perf_counter())  # warm-up: connections, queue registration
@@ -139,8 +139,8 @@ STAGES = [
     ("building the payload, checking the arguments (`Job.delay`)", "before", "enqueue"),
     ("the client middleware, the transaction check (`client.enqueue`)", "enqueue", "push"),
     ("keys, settings, the registered-queue check (`client._push`)", "push", "call"),
-    ("`direct.call` (a connection of its own) until the bytes reach the socket", "call", "send"),
-    ("Redis, and waking the worker's thread blocked on `BLMOVE`, redis-py's parsing", "send", "fetched"),
+    ("`direct.call` (a connection of its own) until the command is packed", "call", "send"),
+    ("sending, Redis, and waking the worker's thread blocked on `BLMOVE`, redis-py's parsing", "send", "fetched"),
     ("the ledger, the processor's checks (G18, G3), decoding the payload", "fetched", "process"),
     ("the ledger's record of the start", "process", "execute"),
     ("`close_old_connections()`, the job's context, the server middleware", "execute", "start"),
