@@ -140,7 +140,7 @@ STAGES = [
     ("the client middleware, the transaction check (`client.enqueue`)", "enqueue", "push"),
     ("keys, settings, the registered-queue check (`client._push`)", "push", "call"),
     ("`direct.call` (a connection of its own) until the command is packed", "call", "send"),
-    ("sending, Redis, and waking the worker's thread blocked on `BLMOVE`, redis-py's parsing", "send", "fetched"),
+    ("sending, Redis, waking the worker's thread blocked on `BLMOVE`, redis-py's parsing", "send", "fetched"),
     ("the ledger, the processor's checks (G18, G3), decoding the payload", "fetched", "process"),
     ("the ledger's record of the start", "process", "execute"),
     ("`close_old_connections()`, the job's context, the server middleware", "execute", "start"),
