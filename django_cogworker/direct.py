@@ -66,6 +66,8 @@ class _Stack:
         self.pid = os.getpid()
         #: The client last found to use ``pool`` (not a pipeline).
         self.client: Any = None
+        #: Whether :func:`_pack` packs as the pool's connections do.
+        self.packs_alike = usable and _packs_alike(pool)
         self.idle: list[Any] = []
 
     def take(self) -> Any:
@@ -117,6 +119,18 @@ def _stack_for(client: Any) -> _Stack:
     return stack
 
 
+def _packs_alike(pool: Any) -> bool:
+    """Whether the pool's connections pack a str as :func:`_pack` does, as
+    UTF-8: redis-py's hiredis packer does, whatever the ``encoding`` option
+    says; its own packer encodes with that option."""
+    probe = ("ECHO", "clé")
+    try:
+        theirs = pool.connection_class(**pool.connection_kwargs).pack_command(*probe)
+    except Exception:
+        return False
+    return b"".join(bytes(chunk) for chunk in theirs) == _pack(probe)
+
+
 def _pack(args: tuple[Any, ...]) -> bytes | None:
     """The RESP bytes of a command whose arguments are all str, bytes or
     int, as redis-py packs them (str as UTF-8); None for any other."""
@@ -148,10 +162,11 @@ def _lean_parser(conn: Any) -> Any:
     return parser
 
 
-def _roundtrip(conn: Any, args: tuple[Any, ...]) -> Any:
+def _roundtrip(conn: Any, args: tuple[Any, ...], pack_here: bool = True) -> Any:
     """Sends one command on ``conn`` and returns its reply (an error reply
-    is raised), as ``send_packed_command`` and ``read_response`` do."""
-    packed = _pack(args)
+    is raised), as ``send_packed_command`` and ``read_response`` do;
+    ``pack_here``: :func:`_pack` packs as the connection would."""
+    packed = _pack(args) if pack_here else None
     parser = _lean_parser(conn) if packed is not None else None
     if parser is None:
         conn.send_packed_command(conn.pack_command(*args))
@@ -189,7 +204,7 @@ def call(client: Any, *args: Any) -> Any:
         return ORDINARY
     conn = stack.take()
     try:
-        reply = _roundtrip(conn, args)
+        reply = _roundtrip(conn, args, stack.packs_alike)
     except redis.ResponseError:
         stack.give_back(conn)
         raise

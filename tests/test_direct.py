@@ -327,3 +327,50 @@ def test_a_resp3_push_ahead_of_the_reply_is_handled_as_redis_py_does(
     assert direct._roundtrip(conn, ("GET", key)) == b"new"  # the push first, then this reply
     assert direct._roundtrip(conn, ("PING",)) in (b"PONG", "PONG")
     client.close()
+
+
+def test_a_client_whose_packer_is_redis_pys_hiredis_one_packs_here_whatever_its_encoding(
+    plain: CogEnv,
+) -> None:
+    client = redis.Redis.from_url(plain.url, encoding="latin-1")  # hiredis packs str as UTF-8 anyway
+    key = plain.key("clé")
+    theirs = b"".join(
+        bytes(c) for c in client.connection_pool.make_connection().pack_command("LPUSH", key, b"0")
+    )
+    assert direct._pack(("LPUSH", key, b"0")) == theirs
+    for tag in (b"0", b"1"):  # the second on a connection opened already
+        assert direct.call(client, "LPUSH", key, tag) in (1, 2)
+    assert direct._stack_for(client).packs_alike
+    assert plain.redis.lrange(key.encode(), 0, -1) == [b"1", b"0"]
+    client.close()
+
+
+class Latin1Connection(redis.Connection):
+    """A connection whose own packer encodes a str as latin-1."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            raw = (
+                arg.encode("latin-1")
+                if isinstance(arg, str)
+                else arg
+                if isinstance(arg, bytes)
+                else b"%d" % arg
+            )
+            parts.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
+        return [b"".join(parts)]
+
+
+def test_a_connection_that_packs_otherwise_keeps_its_own_packer(plain: CogEnv) -> None:
+    client = redis.Redis(
+        connection_pool=redis.ConnectionPool.from_url(plain.url, connection_class=Latin1Connection)
+    )
+    key = plain.key("clé")
+    for tag in (b"0", b"1"):
+        assert direct.call(client, "LPUSH", key, tag) in (1, 2)
+    stack = direct._stack_for(client)
+    assert stack.usable and not stack.packs_alike
+    assert plain.redis.lrange(key.encode("latin-1"), 0, -1) == [b"1", b"0"]
+    assert not plain.redis.exists(key.encode())
+    client.close()
