@@ -166,9 +166,9 @@ def _roundtrip(conn: Any, args: tuple[Any, ...], pack_here: bool = True) -> Any:
     """Sends one command on ``conn`` and returns its reply (an error reply
     is raised), as ``send_packed_command`` and ``read_response`` do;
     ``pack_here``: :func:`_pack` packs as the connection would."""
-    packed = _pack(args) if pack_here else None
-    parser = _lean_parser(conn) if packed is not None else None
-    if parser is None:
+    parser = _lean_parser(conn) if pack_here else None
+    packed = _pack(args) if parser is not None else None
+    if parser is None or packed is None:
         conn.send_packed_command(conn.pack_command(*args))
         return conn.read_response()
     sock, reader, buffer = conn._sock, parser._reader, parser._buffer
