@@ -28,12 +28,14 @@ DEV_PINS := import re, sys, tomllib; \
 	sys.exit(f"not in the dev extra of pyproject.toml: {missing}") if missing else None; \
 	print("\n".join(pins[n] for n in sys.argv[1:]))
 
-.PHONY: venv demo test test-installed lint tox-latest clean distclean
+.PHONY: venv system-packages demo test test-installed lint tox-latest clean distclean
 
 venv: $(STAMP)
 
-# Re-installs whenever pyproject.toml is newer than the stamp.
+# Re-installs whenever pyproject.toml is newer than the stamp. Debian's
+# python3-venv first, when it is missing (apt-get through scripts/system-packages).
 $(STAMP): pyproject.toml
+	scripts/system-packages venv
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
@@ -43,8 +45,13 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/python testproject/rundemo.py
 
+# The Debian packages the tests need (Redis 7, Chromium and its driver,
+# openssl), installed with apt-get when missing: as root, or through sudo.
+system-packages:
+	scripts/system-packages test
+
 # The tests start their own Redis server unless COGWORKER_REDIS_URL is set.
-test: venv
+test: system-packages venv
 	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 # The sdist and the wheel built from it (from a copy of the files git knows),
