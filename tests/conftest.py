@@ -95,16 +95,61 @@ FAST: dict[str, Any] = {
 }
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Polls ``predicate`` until truthy; fails the test after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 15.0,
+    what: str = "condition",
+    progress: Callable[[], Any] | None = None,
+) -> Any:
+    """Polls ``predicate`` until truthy; fails the test after ``timeout`` s.
+
+    With ``progress``, ``timeout`` is how long the wait may go *without
+    progress*: a callable whose value changes while the awaited thing is on
+    its way (a process's CPU time while it boots, a count of jobs run), each
+    change starting the timeout again, so that a loaded machine slows the
+    test instead of failing it. ``PROGRESS_LIMIT`` times ``timeout`` bounds
+    the whole wait all the same.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    last = progress() if progress is not None else None
     while True:
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        now = time.monotonic()
+        if progress is not None:
+            seen = progress()
+            if seen != last:
+                last = seen
+                deadline = min(now + timeout, started + timeout * PROGRESS_LIMIT)
+        if now > deadline:
+            waited = f"{now - started:.1f}s, {timeout}s of it without progress" if progress else f"{timeout}s"
+            raise AssertionError(f"timed out after {waited} waiting for {what}")
         time.sleep(0.05)
+
+
+#: How many times its timeout a progress-based wait may last in all.
+PROGRESS_LIMIT = 10
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of its live children (Linux ``/proc``): a
+    process that boots or works on a loaded machine keeps adding to it; one
+    that hangs or waits does not. 0.0 once it is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the command: state, ppid, ..., utime (12th), stime (13th).
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def free_port() -> int:
@@ -221,7 +266,13 @@ class Worker:
                     return ident_s
             return None
 
-        return str(wait_for(find, timeout, f"worker pid {self.pid} to beat"))
+        def booting() -> float:
+            if not self.alive():
+                raise AssertionError(f"worker pid {self.pid} exited {self.proc.returncode}:\n{self.log()}")
+            return cpu_seconds(self.pid)
+
+        # A worker that boots slowly on a busy machine is still using CPU.
+        return str(wait_for(find, timeout, f"worker pid {self.pid} to beat", progress=booting))
 
     def alive(self) -> bool:
         return self.proc.poll() is None

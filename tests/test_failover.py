@@ -154,16 +154,18 @@ def test_g15_a_worker_silent_through_the_failover_keeps_its_jobs(
     identity = silent.identity()
     jids = [str(j) for j in jobs.pace.delay_many([((6.0, i), {}) for i in range(2)])]
     k = get_keys()
-    # Both jobs on the silent worker's list, on the replica too; the other
-    # worker starts after, or it could take one of them first.
+    # Both jobs on the silent worker's list, on the replica too, and the
+    # worker stopped while they run (6 s each: stopped at once, whatever the
+    # machine's load). The other worker starts after, or it could take one
+    # of them first.
     wait_for(lambda: cog.redis.llen(k.inprogress(identity)) == 2, 10, "the silent worker to hold both jobs")
-    other = cog.start_worker(CONCURRENCY=2)
-    other.identity()
     with on_sentinel.replica_client() as replica:
         wait_for(lambda: replica.llen(k.inprogress(identity)) == 2, 10, "its list to reach the replica")
     silent.signal(signal.SIGSTOP)
     try:
         assert not set(jids) & set(runs(cog)), "the jobs ended before the stop: nothing was tested"
+        other = cog.start_worker(CONCURRENCY=2)
+        other.identity()
         on_sentinel.failover()
         more = wait_for(
             lambda: _retrying(lambda: jobs.pace.delay_many([((0.05, 100 + i), {}) for i in range(10)])),

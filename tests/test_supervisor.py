@@ -22,10 +22,11 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from django_cogworker.supervisor import KILL_MARGIN_S, SUPERVISOR_FD_ENV, SUPERVISOR_PID_ENV
 from testproject.testapp import jobs
-from tests.conftest import FAST, MANAGE, ROOT, CogEnv, Worker, wait_for
+from tests.conftest import FAST, MANAGE, ROOT, CogEnv, Worker, cpu_seconds, wait_for
 from tests.test_guarantees import assert_deregistered, keys, leftovers
 
 SHUTDOWN_TIMEOUT_S = float(FAST["SHUTDOWN_TIMEOUT"])
@@ -94,7 +95,9 @@ def wait_for_children(cog: CogEnv, supervisor: Worker, n: int, timeout: float = 
         mine = {i: p for i, p in registered(cog).items() if p in children_of(supervisor.pid)}
         return mine if len(mine) == n else None
 
-    return dict(wait_for(ready, timeout, f"{n} children of the supervisor to beat"))
+    # Children booting on a busy machine add to the supervisor's CPU time.
+    booting = partial(cpu_seconds, supervisor.pid)
+    return dict(wait_for(ready, timeout, f"{n} children of the supervisor to beat", progress=booting))
 
 
 @contextmanager
