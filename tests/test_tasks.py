@@ -23,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_cogworker import api, registry, testing
+from django_cogworker.connection import get_keys
 from django_cogworker.errors import ConfigurationError
 from django_cogworker.payload import encode
 from django_cogworker.tasks import backend_configured, retry_options
@@ -63,6 +64,17 @@ def record_in_redis(cog: Any, result_id: str) -> dict[str, Any]:
 
 def dead_entries(cog: Any) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in cog.redis.zrange(cog.key("dead"), 0, -1)]
+
+
+def held_in_lists(cog: Any) -> dict[str, int]:
+    """The queues and in-progress lists that hold something."""
+    k = get_keys()
+    lists = [
+        key
+        for prefix in (k.queue_prefix, k.inprogress_prefix)
+        for key in cog.redis.scan_iter(match=f"{prefix}*")
+    ]
+    return {key.decode(): n for key in lists if (n := int(cog.redis.llen(key)))}
 
 
 def use_tasks(settings: Any, **options: Any) -> None:
@@ -213,6 +225,74 @@ def test_ready_between_attempts_then_successful_on_the_retry(cog):
     assert [r["attempt"] for r in cog.notes()] == [1, 2]
 
 
+def test_g14_a_task_raising_systemexit_or_keyboardinterrupt_is_recorded_and_filed_once(cog):
+    """A BaseException that is not an Exception is the task's failure, as in
+    Django's own backends: its error is in the record, the record says where
+    the job is (FAILED when filed in dead, READY while it waits in the retry
+    set), the job is filed once, and the worker's thread goes on."""
+    last = tasks.raises.using(retry=0)
+    exits, interrupted = last.enqueue("SystemExit"), last.enqueue("KeyboardInterrupt")
+    retried = tasks.raises.using(retry=1).enqueue("KeyboardInterrupt")
+    after = tasks.record.enqueue("after")
+    worker = cog.start_worker("-c", "1")
+    wait_for(lambda: status_of(after.id) == "SUCCESSFUL", 20, "the task after them, on the same thread")
+    wait_for(lambda: cog.redis.zcard(cog.key("dead")) == 2, 10, "the two last attempts in dead")
+    wait_for(lambda: api.RetrySet().find(retried.id), 10, "the retried one in the retry set")
+    for result, kind in ((exits, "SystemExit"), (interrupted, "KeyboardInterrupt")):
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED, kind
+        assert [e.exception_class_path for e in result.errors] == [f"builtins.{kind}"]
+        assert result.errors[0].traceback.endswith(f"{kind}: {kind} raised by the task\n")
+        assert result.finished_at is not None and result.attempts == 1
+    retried.refresh()
+    assert (retried.status, retried.attempts, retried.finished_at) == (TaskResultStatus.READY, 1, None)
+    assert [e.exception_class_path for e in retried.errors] == ["builtins.KeyboardInterrupt"]
+    assert {e["jid"]: e["error_class"] for e in dead_entries(cog)} == {
+        exits.id: "SystemExit",
+        interrupted.id: "KeyboardInterrupt",
+    }
+    # Nothing left in progress or queued, so nothing can be taken for a
+    # stray and run again: each ran once.
+    wait_for(lambda: not held_in_lists(cog), 10, "the in-progress lists to empty")
+    tags = sorted(n["tag"] for n in cog.notes())
+    assert tags == ["KeyboardInterrupt", "KeyboardInterrupt", "SystemExit", "after"]
+    assert cog.redis.zcard(cog.key("dead")) == 2 and cog.redis.zcard(cog.key("retry")) == 1
+    assert worker.alive()
+
+
+def test_drain_files_a_task_raising_keyboardinterrupt_then_raises_it(cog):
+    """drain() runs jobs in the calling (main) thread, where a
+    KeyboardInterrupt stops the caller, as Ctrl-C should and as Django's
+    ImmediateBackend lets it: the job is filed first, and its record is
+    final, never left RUNNING."""
+    last = tasks.raises.using(retry=0).enqueue("KeyboardInterrupt")
+    with pytest.raises(KeyboardInterrupt):
+        testing.drain()
+    last.refresh()
+    assert last.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in last.errors] == ["builtins.KeyboardInterrupt"]
+    assert [e["jid"] for e in dead_entries(cog)] == [last.id]
+
+    retried = tasks.raises.using(retry=1).enqueue("KeyboardInterrupt")
+    with pytest.raises(KeyboardInterrupt):
+        testing.drain()
+    retried.refresh()
+    assert (retried.status, retried.attempts) == (TaskResultStatus.READY, 1)
+    assert api.RetrySet().find(retried.id) is not None
+    assert cog.redis.llen(cog.key("queue:default")) == 0 and len(dead_entries(cog)) == 1
+
+    exits = tasks.raises.using(retry=0).enqueue("SystemExit")
+    assert testing.drain() == 1  # any other BaseException is the task's failure, as in a worker
+    exits.refresh()
+    assert exits.status == TaskResultStatus.FAILED and len(dead_entries(cog)) == 2
+
+    with testing.inline() as inline, pytest.raises(KeyboardInterrupt):
+        tasks.raises.using(retry=0).enqueue("KeyboardInterrupt")
+    (outcome,) = inline.outcomes
+    assert outcome.kind == "dead"
+    assert default_task_backend.get_result(outcome.jid).status == TaskResultStatus.FAILED
+
+
 def test_a_task_whose_worker_is_killed_runs_again_on_another(cog):
     result = tasks.slow_on_first_attempt.enqueue(60)
     first = cog.start_worker()
@@ -312,6 +392,11 @@ def test_invalid_tasks_and_arguments_are_refused_at_enqueue(cog):
         TypeError, match=re.escape("argument 'tag' of job 'tasks:testproject.testapp.tasks.record'")
     ):
         tasks.record.enqueue(tag=object())
+    # Our message, with the wording every Django backend gives (Django's own tests look for it).
+    with pytest.raises(TypeError) as refused:
+        tasks.echo.enqueue(timezone.now())
+    assert "positional argument 0 of job 'tasks:testproject.testapp.tasks.echo'" in str(refused.value)
+    assert "Unsupported type: <class 'datetime.datetime'>" in str(refused.value)
     assert list(cog.redis.scan_iter(match=cog.key("*"))) == []
 
 

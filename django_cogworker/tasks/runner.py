@@ -4,9 +4,10 @@ Duties: register every task the backend validates as a ``Job`` named
 ``tasks:<module path>`` (so the worker knows exactly the tasks its modules
 defined, and nothing is imported from a payload); run one attempt of a task
 inside the worker, recording it in the result record (``RUNNING``, then
-``SUCCESSFUL`` with the return value, or ``READY`` with the error before
-re-raising so that cogworker retries it); mark it ``FAILED`` when its
-retries are exhausted; send ``task_started`` and ``task_finished``.
+``SUCCESSFUL`` with the return value, or ``READY`` with the error of any
+``BaseException`` before re-raising it so that cogworker files it); mark
+it ``FAILED`` when its retries are exhausted; send ``task_started`` and
+``task_finished``.
 
 The job itself is an ordinary cogworker job: ``execution.execute`` runs it,
 the retry and dead machinery files it. A record write that fails after the
@@ -173,7 +174,10 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-    except Exception as exc:
+    except BaseException as exc:
+        # Any BaseException, as Django's backends record SystemExit: the job
+        # fails (filed by execute() like a plain job's), so the record must
+        # say so, never stay RUNNING while the job waits in retry or dead.
         record["errors"] = [*record.get("errors", []), error_entry(exc)]
         record["status"] = TaskResultStatus.READY.value
         _save_quietly(client, key, record, pending_ttl_s(record, options.result_ttl_s, time.time()))
