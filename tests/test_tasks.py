@@ -488,6 +488,40 @@ def test_a_lost_result_record_is_rebuilt_by_the_run(cog):
 
 
 @pytest.mark.django_db
+def test_the_backends_own_log_lines_read_like_a_plain_jobs(cog, worker_log):
+    """Each line the backend writes in a worker opens as a plain job's does:
+    ``jid=<jid> <job name> ``, the job name being ``tasks:<module path>``."""
+    returns = tasks.returns_an_object.enqueue()
+    lost, unreadable = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    cog.redis.delete(cog.key(f"result:{lost.id}"))
+    cog.redis.set(cog.key(f"result:{unreadable.id}"), b"not json")
+    fails = tasks.always_fails.using(retry=0).enqueue("out loud")
+    worker_log.clear()
+    assert testing.drain() == 4
+    lines = [r.getMessage() for r in worker_log.records if r.name == "django_cogworker"]
+    names = {
+        r.id: f"tasks:{t.module_path}"
+        for r, t in (
+            (returns, tasks.returns_an_object),
+            (lost, tasks.add),
+            (unreadable, tasks.add),
+            (fails, tasks.always_fails),
+        )
+    }
+    for line in lines:
+        jid = line.removeprefix("jid=").split(" ", 1)[0]
+        assert jid in names and line.startswith(f"jid={jid} {names[jid]} "), line
+    said = "\n".join(lines)
+    object_name = names[returns.id]
+    assert f"jid={returns.id} {object_name} failed (TypeError: Unsupported type" in said
+    assert f"jid={lost.id} tasks:testproject.testapp.tasks.add has no result record; rebuilt" in said
+    assert f"jid={unreadable.id} tasks:testproject.testapp.tasks.add has an unreadable result record" in said
+    assert (
+        f"jid={fails.id} tasks:testproject.testapp.tasks.always_fails failed (ValueError: out loud)" in said
+    )
+
+
+@pytest.mark.django_db
 def test_inline_mode_runs_the_task_at_once(cog):
     with testing.inline() as inline:
         result = tasks.add.enqueue(4, 5)

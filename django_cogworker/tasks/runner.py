@@ -189,7 +189,13 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     except (TypeError, ValueError) as exc:
         # The task did its work; running it again would not change what it
         # returns. Failed, without a retry.
-        logger.error("jid=%s %s returned a value JSON cannot carry: %s; marked FAILED", ctx.jid, name, exc)
+        logger.warning(
+            "jid=%s %s failed (%s: %s): its return value is not JSON; result FAILED, no retry",
+            ctx.jid,
+            name,
+            type(exc).__name__,
+            exc,
+        )
         record["errors"] = [*record.get("errors", []), error_entry(exc)]
         record["status"] = TaskResultStatus.FAILED.value
     else:
@@ -235,11 +241,16 @@ def _record_for_run(
         try:
             return loads(raw)
         except ValueError as exc:
-            logger.warning("jid=%s: result record unreadable (%s); rebuilt", jid, exc)
+            logger.warning(
+                "jid=%s %s has an unreadable result record (%s); rebuilt",
+                jid,
+                job_name(task.module_path),
+                exc,
+            )
     else:
         # Expired while the task waited (a retry days later), or the job was
         # pushed by something other than enqueue(): start a new record.
-        logger.warning("jid=%s: no result record for %s; rebuilt", jid, task.module_path)
+        logger.warning("jid=%s %s has no result record; rebuilt", jid, job_name(task.module_path))
     record = new_record(
         result_id=jid,
         module_path=task.module_path,
@@ -260,7 +271,8 @@ def _save_quietly(client: redis.Redis, key: str, record: Record, ttl_s: float) -
     try:
         client.set(key, dumps(record), px=_ms(ttl_s))
     except redis.RedisError as exc:
-        logger.error("could not store the result of %s (%s): %s", record.get("task"), record.get("id"), exc)
+        name = job_name(str(record.get("task")))
+        logger.error("jid=%s %s could not store its result record: %s", record.get("id"), name, exc)
 
 
 def _send(signal: Signal, backend: CogworkerBackend | None, result: Any) -> None:
