@@ -38,6 +38,8 @@ from django_cogworker.tasks.compat import (
 from django_cogworker.tasks.options import PENDING_RESULT_TTL_S
 from testproject.testapp import tasks
 from tests.conftest import wait_for
+from tests.test_worker_logs import LINE, bare_project
+from tests.test_worker_logs import stop as stop_worker
 
 try:
     from django.tasks import default_task_backend, task
@@ -519,6 +521,37 @@ def test_the_backends_own_log_lines_read_like_a_plain_jobs(cog, worker_log):
     assert (
         f"jid={fails.id} tasks:testproject.testapp.tasks.always_fails failed (ValueError: out loud)" in said
     )
+
+
+def test_the_frameworks_task_lines_print_as_the_workers_own(cog, tmp_path):
+    """In a project without LOGGING, the Tasks framework's own lines (its
+    signal receivers': a line per state of a task) come out of the worker in
+    the worker's format, never as a bare line and a traceback from Python's
+    last resort; one step quieter than the worker's lines, which already say
+    when a task finished or failed: failures at -v 1, every state at -v 2."""
+    ok = tasks.add.enqueue(1, 2)
+    bad = tasks.always_fails.using(retry=0).enqueue("kaput")
+    worker = cog.start_worker(env=bare_project(cog, tmp_path))
+    wait_for(lambda: f"Task id={bad.id} " in worker.log(), 20, "the framework's line of the failure")
+    wait_for(lambda: f"jid={ok.id} " in worker.log(), 20, "the task's done line")
+    log = stop_worker(worker)
+    lines = log.splitlines()
+    (failed,) = [line for line in lines if "Task id=" in line]
+    assert LINE.match(failed), log
+    assert failed.endswith(
+        f"ERROR [{worker.pid}] Task id={bad.id} path={tasks.always_fails.module_path} state=FAILED"
+    )
+    assert f"jid={ok.id} tasks:{tasks.add.module_path} done in " in log
+
+    loud = tasks.add.enqueue(3, 4)
+    worker = cog.start_worker("-v", "2", env=bare_project(cog, tmp_path))
+    wait_for(lambda: f"jid={loud.id} " in worker.log(), 20, "the task's done line")
+    wait_for(lambda: "state=SUCCESSFUL" in worker.log(), 10, "the framework's line of the success")
+    said = [line for line in stop_worker(worker).splitlines() if "Task id=" in line]
+    assert [line.split("] ", 1)[1] for line in said] == [
+        f"Task id={loud.id} path={tasks.add.module_path} state={state}" for state in ("RUNNING", "SUCCESSFUL")
+    ]
+    assert all(LINE.match(line) and " INFO " in line for line in said), said
 
 
 @pytest.mark.django_db
