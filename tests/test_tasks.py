@@ -295,6 +295,22 @@ def test_drain_files_a_task_raising_keyboardinterrupt_then_raises_it(cog):
     assert default_task_backend.get_result(outcome.jid).status == TaskResultStatus.FAILED
 
 
+def test_drain_runs_an_async_task_from_an_async_test(cog):
+    """An async test's drain() runs in a thread that runs an event loop,
+    where an async task cannot be awaited for a synchronous caller: it is
+    run in a thread of its own, as a worker's are, with its job context."""
+
+    async def enqueue_and_drain() -> str:
+        result = await tasks.async_add.aenqueue(20, 22)
+        assert testing.drain() == 1
+        return result.id
+
+    result_id = asyncio.run(enqueue_and_drain())
+    done = default_task_backend.get_result(result_id)
+    assert (done.status, done.return_value, done.errors) == (TaskResultStatus.SUCCESSFUL, 42, [])
+    assert [n["jid"] for n in cog.notes()] == [result_id]  # current_job() inside it
+
+
 def test_a_task_whose_worker_is_killed_runs_again_on_another(cog):
     result = tasks.slow_on_first_attempt.enqueue(60)
     first = cog.start_worker()

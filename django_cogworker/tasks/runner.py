@@ -17,12 +17,16 @@ that has already done its work.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import inspect
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -170,10 +174,7 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     result = to_result(record, task)
     _send(task_started, backend, result)
     try:
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
+        value = _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args, kwargs)
     except BaseException as exc:
         # Any BaseException, as Django's backends record SystemExit: the job
         # fails (filed by execute() like a plain job's), so the record must
@@ -203,6 +204,26 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         record["return_value"] = value
     _save_quietly(client, key, record, options.result_ttl_s)
     _send(task_finished, backend, to_result(record, task))
+
+
+def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    if not inspect.iscoroutinefunction(task.func) or not _event_loop_running():
+        return task.call(*args, **kwargs)
+    # testing.drain() called from an async test: in a thread that runs an
+    # event loop, asgiref cannot await the task for a synchronous caller. A
+    # thread of its own can, as a worker's threads run no loop; the copied
+    # context keeps current_job().
+    context = contextvars.copy_context()
+    with ThreadPoolExecutor(1, thread_name_prefix="cogworker-task") as pool:
+        return pool.submit(context.run, task.call, *args, **kwargs).result()
+
+
+def _event_loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def exhausted(payload: Payload, exc: BaseException) -> None:

@@ -6,7 +6,6 @@
 # result is read back from Redis.
 import unittest
 
-from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.test import SimpleTestCase, TransactionTestCase, override_settings
 from django.utils import timezone
@@ -33,10 +32,8 @@ def ran(result):
 
 
 async def aran(result):
-    """cogworker: ran() for the async tests. The worker call runs in a thread
-    of its own, as a worker's tasks do: in the event loop's thread, an async
-    task could not be awaited by a synchronous caller."""
-    await sync_to_async(run_worker, thread_sensitive=False)()
+    """cogworker: ran() for the async tests (the result read with arefresh)."""
+    run_worker()
     await result.arefresh()
     return result
 
