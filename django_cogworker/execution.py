@@ -53,6 +53,9 @@ class Outcome:
     jid: str = ""
     #: The job's name and how long its function ran (s), when it was called.
     ran: tuple[str, float] | None = None
+    #: A KeyboardInterrupt in the main thread: the caller re-raises it once
+    #: it has applied the outcome.
+    interrupted: BaseException | None = None
 
     def encoded(self) -> bytes:
         assert self.payload is not None
@@ -129,13 +132,15 @@ def execute(
             # SystemExit, KeyboardInterrupt and the like, raised by the job
             # itself, are its failure too (G14): let through, they would
             # leave it on the in-progress list, requeued as a stray and run
-            # again forever. Only a Ctrl-C in the main thread (the testing
-            # helpers run jobs there) still stops the caller.
-            if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
-                raise
+            # again forever.
             took_s = time.monotonic() - began
             outcome = failure(payload, exc, config, job, took_s)
             run.after(_result(outcome, exc))
+            if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+                # A Ctrl-C in the main thread (the testing helpers run jobs
+                # there) still stops the caller, once it has filed the job:
+                # raised here, the job would be in no queue and no set.
+                outcome.interrupted = exc
         else:
             took_s = time.monotonic() - began
             if logger.isEnabledFor(logging.INFO):

@@ -31,6 +31,14 @@ VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: lo
 #: (several processes under --processes write to one terminal).
 DEFAULT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(message)s"
 
+#: The Tasks framework's loggers (Django's; the django-tasks backport's):
+#: its signal receivers write a line per state of a task.
+TASKS_LOGGERS = ("django.tasks", "django_tasks")
+
+#: ``-v`` -> their level in a worker: a step quieter than the worker's own
+#: lines, which already say when a task finished or failed.
+TASKS_VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
 
 
@@ -94,4 +102,27 @@ def configure(verbosity: int | None) -> logging.Handler | None:
         root.addHandler(handler)
         root.setLevel(logging.DEBUG)
         logger.propagate = False  # one line per record, not two
+    for name in TASKS_LOGGERS:
+        _adopt(logging.getLogger(name), handler, verbosity)
     return handler
+
+
+def _adopt(other: logging.Logger, handler: logging.Handler, verbosity: int | None) -> None:
+    """Prints ``other``'s records with the worker's handler, unless the
+    project gives it handlers of its own: a bare ``Task id=... state=FAILED``
+    and a traceback from Python's last resort read like nobody's line.
+    Propagation stops only where an ancestor would print the same line to
+    the terminal again (Django's default ``console``, in DEBUG); a handler
+    that mails or ships it (``mail_admins``) still gets it otherwise."""
+    if other.handlers:
+        return
+    other.addHandler(handler)
+    other.setLevel(TASKS_VERBOSITY_LEVELS[1 if verbosity is None else min(max(verbosity, 0), 3)])
+    probe = logging.LogRecord(other.name, logging.ERROR, __file__, 0, "", None, None)
+    ancestor = other.parent
+    while ancestor is not None:
+        for h in ancestor.handlers:
+            if type(h) is logging.StreamHandler and h.filter(probe):
+                other.propagate = False
+                return
+        ancestor = ancestor.parent if ancestor.propagate else None

@@ -37,7 +37,10 @@ def inline() -> Iterator[InlineResult]:
 
     def run(payload: Payload) -> None:
         raw = json.dumps(payload).encode()
-        result.outcomes.append(execution.execute(raw, get_config(), close_connections=False))
+        outcome = execution.execute(raw, get_config(), close_connections=False)
+        result.outcomes.append(outcome)
+        if outcome.interrupted is not None:
+            raise outcome.interrupted
 
     client.inline_runner = run
     try:
@@ -51,6 +54,9 @@ def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, m
 
     Failures are filed in the retry or dead set as a worker would file them
     (retries are not run again unless ``include_scheduled`` moves due ones).
+    A job that raises ``KeyboardInterrupt`` is filed the same way, then the
+    interrupt is raised to the caller (this runs in the caller's thread,
+    where Ctrl-C must stop it); any other exception is only filed.
     """
     config = get_config()
     redis_client, k = get_redis(), get_keys()
@@ -65,6 +71,10 @@ def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, m
         outcome = execution.execute(got, config, close_connections=False)
         ran += 1
         _apply(redis_client, k, outcome, config)
+        if outcome.interrupted is not None:
+            # Filed first: a KeyboardInterrupt stops the caller, as Ctrl-C
+            # should, and loses no job.
+            raise outcome.interrupted
     return ran
 
 

@@ -23,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_cogworker import api, registry, testing
+from django_cogworker.connection import get_keys
 from django_cogworker.errors import ConfigurationError
 from django_cogworker.payload import encode
 from django_cogworker.tasks import backend_configured, retry_options
@@ -37,6 +38,8 @@ from django_cogworker.tasks.compat import (
 from django_cogworker.tasks.options import PENDING_RESULT_TTL_S
 from testproject.testapp import tasks
 from tests.conftest import wait_for
+from tests.test_worker_logs import LINE, bare_project
+from tests.test_worker_logs import stop as stop_worker
 
 try:
     from django.tasks import default_task_backend, task
@@ -63,6 +66,17 @@ def record_in_redis(cog: Any, result_id: str) -> dict[str, Any]:
 
 def dead_entries(cog: Any) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in cog.redis.zrange(cog.key("dead"), 0, -1)]
+
+
+def held_in_lists(cog: Any) -> dict[str, int]:
+    """The queues and in-progress lists that hold something."""
+    k = get_keys()
+    lists = [
+        key
+        for prefix in (k.queue_prefix, k.inprogress_prefix)
+        for key in cog.redis.scan_iter(match=f"{prefix}*")
+    ]
+    return {key.decode(): n for key in lists if (n := int(cog.redis.llen(key)))}
 
 
 def use_tasks(settings: Any, **options: Any) -> None:
@@ -213,6 +227,90 @@ def test_ready_between_attempts_then_successful_on_the_retry(cog):
     assert [r["attempt"] for r in cog.notes()] == [1, 2]
 
 
+def test_g14_a_task_raising_systemexit_or_keyboardinterrupt_is_recorded_and_filed_once(cog):
+    """A BaseException that is not an Exception is the task's failure, as in
+    Django's own backends: its error is in the record, the record says where
+    the job is (FAILED when filed in dead, READY while it waits in the retry
+    set), the job is filed once, and the worker's thread goes on."""
+    last = tasks.raises.using(retry=0)
+    exits, interrupted = last.enqueue("SystemExit"), last.enqueue("KeyboardInterrupt")
+    retried = tasks.raises.using(retry=1).enqueue("KeyboardInterrupt")
+    after = tasks.record.enqueue("after")
+    worker = cog.start_worker("-c", "1")
+    wait_for(lambda: status_of(after.id) == "SUCCESSFUL", 20, "the task after them, on the same thread")
+    wait_for(lambda: cog.redis.zcard(cog.key("dead")) == 2, 10, "the two last attempts in dead")
+    wait_for(lambda: api.RetrySet().find(retried.id), 10, "the retried one in the retry set")
+    for result, kind in ((exits, "SystemExit"), (interrupted, "KeyboardInterrupt")):
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED, kind
+        assert [e.exception_class_path for e in result.errors] == [f"builtins.{kind}"]
+        assert result.errors[0].traceback.endswith(f"{kind}: {kind} raised by the task\n")
+        assert result.finished_at is not None and result.attempts == 1
+    retried.refresh()
+    assert (retried.status, retried.attempts, retried.finished_at) == (TaskResultStatus.READY, 1, None)
+    assert [e.exception_class_path for e in retried.errors] == ["builtins.KeyboardInterrupt"]
+    assert {e["jid"]: e["error_class"] for e in dead_entries(cog)} == {
+        exits.id: "SystemExit",
+        interrupted.id: "KeyboardInterrupt",
+    }
+    # Nothing left in progress or queued, so nothing can be taken for a
+    # stray and run again: each ran once.
+    wait_for(lambda: not held_in_lists(cog), 10, "the in-progress lists to empty")
+    tags = sorted(n["tag"] for n in cog.notes())
+    assert tags == ["KeyboardInterrupt", "KeyboardInterrupt", "SystemExit", "after"]
+    assert cog.redis.zcard(cog.key("dead")) == 2 and cog.redis.zcard(cog.key("retry")) == 1
+    assert worker.alive()
+
+
+def test_drain_files_a_task_raising_keyboardinterrupt_then_raises_it(cog):
+    """drain() runs jobs in the calling (main) thread, where a
+    KeyboardInterrupt stops the caller, as Ctrl-C should and as Django's
+    ImmediateBackend lets it: the job is filed first, and its record is
+    final, never left RUNNING."""
+    last = tasks.raises.using(retry=0).enqueue("KeyboardInterrupt")
+    with pytest.raises(KeyboardInterrupt):
+        testing.drain()
+    last.refresh()
+    assert last.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in last.errors] == ["builtins.KeyboardInterrupt"]
+    assert [e["jid"] for e in dead_entries(cog)] == [last.id]
+
+    retried = tasks.raises.using(retry=1).enqueue("KeyboardInterrupt")
+    with pytest.raises(KeyboardInterrupt):
+        testing.drain()
+    retried.refresh()
+    assert (retried.status, retried.attempts) == (TaskResultStatus.READY, 1)
+    assert api.RetrySet().find(retried.id) is not None
+    assert cog.redis.llen(cog.key("queue:default")) == 0 and len(dead_entries(cog)) == 1
+
+    exits = tasks.raises.using(retry=0).enqueue("SystemExit")
+    assert testing.drain() == 1  # any other BaseException is the task's failure, as in a worker
+    exits.refresh()
+    assert exits.status == TaskResultStatus.FAILED and len(dead_entries(cog)) == 2
+
+    with testing.inline() as inline, pytest.raises(KeyboardInterrupt):
+        tasks.raises.using(retry=0).enqueue("KeyboardInterrupt")
+    (outcome,) = inline.outcomes
+    assert outcome.kind == "dead"
+    assert default_task_backend.get_result(outcome.jid).status == TaskResultStatus.FAILED
+
+
+def test_drain_runs_an_async_task_from_an_async_test(cog):
+    """An async test's drain() runs in a thread that runs an event loop,
+    where an async task cannot be awaited for a synchronous caller: it is
+    run in a thread of its own, as a worker's are, with its job context."""
+
+    async def enqueue_and_drain() -> str:
+        result = await tasks.async_add.aenqueue(20, 22)
+        assert testing.drain() == 1
+        return result.id
+
+    result_id = asyncio.run(enqueue_and_drain())
+    done = default_task_backend.get_result(result_id)
+    assert (done.status, done.return_value, done.errors) == (TaskResultStatus.SUCCESSFUL, 42, [])
+    assert [n["jid"] for n in cog.notes()] == [result_id]  # current_job() inside it
+
+
 def test_a_task_whose_worker_is_killed_runs_again_on_another(cog):
     result = tasks.slow_on_first_attempt.enqueue(60)
     first = cog.start_worker()
@@ -312,6 +410,11 @@ def test_invalid_tasks_and_arguments_are_refused_at_enqueue(cog):
         TypeError, match=re.escape("argument 'tag' of job 'tasks:testproject.testapp.tasks.record'")
     ):
         tasks.record.enqueue(tag=object())
+    # Our message, with the wording every Django backend gives (Django's own tests look for it).
+    with pytest.raises(TypeError) as refused:
+        tasks.echo.enqueue(timezone.now())
+    assert "positional argument 0 of job 'tasks:testproject.testapp.tasks.echo'" in str(refused.value)
+    assert "Unsupported type: <class 'datetime.datetime'>" in str(refused.value)
     assert list(cog.redis.scan_iter(match=cog.key("*"))) == []
 
 
@@ -400,6 +503,71 @@ def test_a_lost_result_record_is_rebuilt_by_the_run(cog):
         1,
     )
     assert rebuilt.enqueued_at is None
+
+
+@pytest.mark.django_db
+def test_the_backends_own_log_lines_read_like_a_plain_jobs(cog, worker_log):
+    """Each line the backend writes in a worker opens as a plain job's does:
+    ``jid=<jid> <job name> ``, the job name being ``tasks:<module path>``."""
+    returns = tasks.returns_an_object.enqueue()
+    lost, unreadable = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    cog.redis.delete(cog.key(f"result:{lost.id}"))
+    cog.redis.set(cog.key(f"result:{unreadable.id}"), b"not json")
+    fails = tasks.always_fails.using(retry=0).enqueue("out loud")
+    worker_log.clear()
+    assert testing.drain() == 4
+    lines = [r.getMessage() for r in worker_log.records if r.name == "django_cogworker"]
+    names = {
+        r.id: f"tasks:{t.module_path}"
+        for r, t in (
+            (returns, tasks.returns_an_object),
+            (lost, tasks.add),
+            (unreadable, tasks.add),
+            (fails, tasks.always_fails),
+        )
+    }
+    for line in lines:
+        jid = line.removeprefix("jid=").split(" ", 1)[0]
+        assert jid in names and line.startswith(f"jid={jid} {names[jid]} "), line
+    said = "\n".join(lines)
+    object_name = names[returns.id]
+    assert f"jid={returns.id} {object_name} failed (TypeError: Unsupported type" in said
+    assert f"jid={lost.id} tasks:testproject.testapp.tasks.add has no result record; rebuilt" in said
+    assert f"jid={unreadable.id} tasks:testproject.testapp.tasks.add has an unreadable result record" in said
+    assert (
+        f"jid={fails.id} tasks:testproject.testapp.tasks.always_fails failed (ValueError: out loud)" in said
+    )
+
+
+def test_the_frameworks_task_lines_print_as_the_workers_own(cog, tmp_path):
+    """In a project without LOGGING, the Tasks framework's own lines (its
+    signal receivers': a line per state of a task) come out of the worker in
+    the worker's format, never as a bare line and a traceback from Python's
+    last resort; one step quieter than the worker's lines, which already say
+    when a task finished or failed: failures at -v 1, every state at -v 2."""
+    ok = tasks.add.enqueue(1, 2)
+    bad = tasks.always_fails.using(retry=0).enqueue("kaput")
+    worker = cog.start_worker(env=bare_project(cog, tmp_path))
+    wait_for(lambda: f"Task id={bad.id} " in worker.log(), 20, "the framework's line of the failure")
+    wait_for(lambda: f"jid={ok.id} " in worker.log(), 20, "the task's done line")
+    log = stop_worker(worker)
+    lines = log.splitlines()
+    (failed,) = [line for line in lines if "Task id=" in line]
+    assert LINE.match(failed), log
+    assert failed.endswith(
+        f"ERROR [{worker.pid}] Task id={bad.id} path={tasks.always_fails.module_path} state=FAILED"
+    )
+    assert f"jid={ok.id} tasks:{tasks.add.module_path} done in " in log
+
+    loud = tasks.add.enqueue(3, 4)
+    worker = cog.start_worker("-v", "2", env=bare_project(cog, tmp_path))
+    wait_for(lambda: f"jid={loud.id} " in worker.log(), 20, "the task's done line")
+    wait_for(lambda: "state=SUCCESSFUL" in worker.log(), 10, "the framework's line of the success")
+    said = [line for line in stop_worker(worker).splitlines() if "Task id=" in line]
+    assert [line.split("] ", 1)[1] for line in said] == [
+        f"Task id={loud.id} path={tasks.add.module_path} state={state}" for state in ("RUNNING", "SUCCESSFUL")
+    ]
+    assert all(LINE.match(line) and " INFO " in line for line in said), said
 
 
 @pytest.mark.django_db

@@ -36,6 +36,7 @@ from django_cogworker.tasks.compat import (
     Task,
     TaskResult,
     TaskResultDoesNotExist,
+    normalize_json,
     task_enqueued,
 )
 from django_cogworker.tasks.options import (
@@ -191,10 +192,12 @@ class CogworkerBackend(BaseTaskBackend):
         now = time.time()
         run_after_s = epoch_s(task.run_after) if task.run_after is not None else None
         at = run_after_s if run_after_s is not None and run_after_s > now else None
-        # Raises TypeError naming an argument JSON cannot carry; nothing pushed.
-        payload = job.set(queue=queue, retry=options.retry if retry is None else retry).payload(
-            list(args), dict(kwargs), now
-        )
+        try:
+            payload = job.set(queue=queue, retry=options.retry if retry is None else retry).payload(
+                list(args), dict(kwargs), now
+            )
+        except TypeError as exc:  # an argument JSON cannot carry; nothing pushed
+            raise TypeError(_with_framework_wording(exc, args, kwargs)) from None
         # The client middleware sees task payloads as it sees .delay()'s.
         chain = middleware.client_chain()
         ready = chain.run(payload, at=at)
@@ -305,6 +308,18 @@ class CogworkerBackend(BaseTaskBackend):
                 id="cogworker.tasks.W001",
             )
         ]
+
+
+def _with_framework_wording(ours: TypeError, args: Any, kwargs: Any) -> str:
+    """Our message, which names the argument, followed by the framework's
+    own when it refuses the value too ("Unsupported type: <class ...>": what
+    every Django backend raises as it builds the TaskResult, and what
+    Django's tests look for)."""
+    try:
+        normalize_json([list(args), dict(kwargs)])
+    except (TypeError, ValueError) as theirs:
+        return f"{ours} ({theirs})"
+    return str(ours)
 
 
 def _ms(seconds: float) -> int:

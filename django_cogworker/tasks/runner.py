@@ -4,9 +4,10 @@ Duties: register every task the backend validates as a ``Job`` named
 ``tasks:<module path>`` (so the worker knows exactly the tasks its modules
 defined, and nothing is imported from a payload); run one attempt of a task
 inside the worker, recording it in the result record (``RUNNING``, then
-``SUCCESSFUL`` with the return value, or ``READY`` with the error before
-re-raising so that cogworker retries it); mark it ``FAILED`` when its
-retries are exhausted; send ``task_started`` and ``task_finished``.
+``SUCCESSFUL`` with the return value, or ``READY`` with the error of any
+``BaseException`` before re-raising it so that cogworker files it); mark
+it ``FAILED`` when its retries are exhausted; send ``task_started`` and
+``task_finished``.
 
 The job itself is an ordinary cogworker job: ``execution.execute`` runs it,
 the retry and dead machinery files it. A record write that fails after the
@@ -16,12 +17,16 @@ that has already done its work.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import inspect
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -169,11 +174,11 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     result = to_result(record, task)
     _send(task_started, backend, result)
     try:
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
-    except Exception as exc:
+        value = _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args, kwargs)
+    except BaseException as exc:
+        # Any BaseException, as Django's backends record SystemExit: the job
+        # fails (filed by execute() like a plain job's), so the record must
+        # say so, never stay RUNNING while the job waits in retry or dead.
         record["errors"] = [*record.get("errors", []), error_entry(exc)]
         record["status"] = TaskResultStatus.READY.value
         _save_quietly(client, key, record, pending_ttl_s(record, options.result_ttl_s, time.time()))
@@ -185,7 +190,13 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     except (TypeError, ValueError) as exc:
         # The task did its work; running it again would not change what it
         # returns. Failed, without a retry.
-        logger.error("jid=%s %s returned a value JSON cannot carry: %s; marked FAILED", ctx.jid, name, exc)
+        logger.warning(
+            "jid=%s %s failed (%s: %s): its return value is not JSON; result FAILED, no retry",
+            ctx.jid,
+            name,
+            type(exc).__name__,
+            exc,
+        )
         record["errors"] = [*record.get("errors", []), error_entry(exc)]
         record["status"] = TaskResultStatus.FAILED.value
     else:
@@ -193,6 +204,26 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         record["return_value"] = value
     _save_quietly(client, key, record, options.result_ttl_s)
     _send(task_finished, backend, to_result(record, task))
+
+
+def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    if not inspect.iscoroutinefunction(task.func) or not _event_loop_running():
+        return task.call(*args, **kwargs)
+    # testing.drain() called from an async test: in a thread that runs an
+    # event loop, asgiref cannot await the task for a synchronous caller. A
+    # thread of its own can, as a worker's threads run no loop; the copied
+    # context keeps current_job().
+    context = contextvars.copy_context()
+    with ThreadPoolExecutor(1, thread_name_prefix="cogworker-task") as pool:
+        return pool.submit(context.run, task.call, *args, **kwargs).result()
+
+
+def _event_loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def exhausted(payload: Payload, exc: BaseException) -> None:
@@ -231,11 +262,16 @@ def _record_for_run(
         try:
             return loads(raw)
         except ValueError as exc:
-            logger.warning("jid=%s: result record unreadable (%s); rebuilt", jid, exc)
+            logger.warning(
+                "jid=%s %s has an unreadable result record (%s); rebuilt",
+                jid,
+                job_name(task.module_path),
+                exc,
+            )
     else:
         # Expired while the task waited (a retry days later), or the job was
         # pushed by something other than enqueue(): start a new record.
-        logger.warning("jid=%s: no result record for %s; rebuilt", jid, task.module_path)
+        logger.warning("jid=%s %s has no result record; rebuilt", jid, job_name(task.module_path))
     record = new_record(
         result_id=jid,
         module_path=task.module_path,
@@ -256,7 +292,8 @@ def _save_quietly(client: redis.Redis, key: str, record: Record, ttl_s: float) -
     try:
         client.set(key, dumps(record), px=_ms(ttl_s))
     except redis.RedisError as exc:
-        logger.error("could not store the result of %s (%s): %s", record.get("task"), record.get("id"), exc)
+        name = job_name(str(record.get("task")))
+        logger.error("jid=%s %s could not store its result record: %s", record.get("id"), name, exc)
 
 
 def _send(signal: Signal, backend: CogworkerBackend | None, result: Any) -> None:

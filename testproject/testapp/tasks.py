@@ -95,6 +95,17 @@ def slow_on_first_attempt(context: TaskContext, seconds: float) -> dict[str, Any
 
 
 @task
+@retry_options(retry_in="testproject.testapp.tasks.retry_in_an_hour")
+def raises(kind: str) -> None:
+    """Raises a BaseException that is not an Exception: ``SystemExit`` or
+    ``KeyboardInterrupt``."""
+    _note("runs", tag=kind)
+    if kind == "SystemExit":
+        raise SystemExit(f"{kind} raised by the task")
+    raise KeyboardInterrupt(f"{kind} raised by the task")
+
+
+@task
 def returns_an_object() -> object:
     _note("runs", tag="object")
     return object()
