@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,40 +162,54 @@ class JobFigures:
         return BUCKETS_S[-1]
 
 
-def _whole(value: Any) -> int | None:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
+#: The largest integer Redis holds (signed 64 bits: INCRBY and HINCRBY
+#: refuse to go past it); a counter read as larger is malformed.
+MAX_COUNTER = 2**63 - 1
+
+#: A figure's value as a worker writes it: a whole number of at most 19
+#: ASCII digits (``int()`` would also take "+1", " 1", "1_0", the digits of
+#: other scripts, and refuse 5,000 digits with a ValueError since 3.11).
+_WHOLE = re.compile(rb"[0-9]{1,19}")
+
+
+def _whole(value: bytes | str) -> int | None:
+    raw = value if isinstance(value, bytes) else value.encode("ascii", "replace")
+    if not _WHOLE.fullmatch(raw):
         return None
-    return n if n >= 0 else None
+    n = int(raw)
+    return n if n <= MAX_COUNTER else None
+
+
+#: The kinds of field a worker writes, and the slot of each in a job's row:
+#: exactly these, so that "h01", "h²" or a 5,000-digit index is malformed.
+_SLOTS: dict[str, int] = {
+    RUNS: 0,
+    FAILURES: 1,
+    TIME_US: 2,
+    **{f"{BUCKET}{i}": 3 + i for i in range(len(BUCKETS_S) + 1)},
+}
 
 
 def parse(raw: dict[bytes, bytes] | dict[str, str]) -> tuple[dict[str, JobFigures], int]:
     """A metrics hash as figures per job name, and how many of its fields
-    were malformed (skipped: a field that is not ``<job>|<kind>`` or a
-    value that is not a whole number)."""
-    jobs: dict[str, JobFigures] = {}
+    were malformed (skipped: a field that is not ``<job>|<kind>`` with a
+    kind a worker writes, or a value that is not a whole number a 64-bit
+    counter holds)."""
+    rows: dict[str, list[int]] = {}
     malformed = 0
     for key, value in raw.items():
         text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
         name, _, kind = text.rpartition("|")
         n = _whole(value)
-        if not name or n is None:
+        slot = _SLOTS.get(kind)
+        if not name or n is None or slot is None:
             malformed += 1
             continue
-        figures = jobs.get(name)
-        if figures is None:
-            figures = jobs[name] = JobFigures(name)
-        if kind == RUNS:
-            figures.runs += n
-        elif kind == FAILURES:
-            figures.failures += n
-        elif kind == TIME_US:
-            figures.time_us += n
-        elif kind.startswith(BUCKET) and kind[1:].isdigit() and int(kind[1:]) <= len(BUCKETS_S):
-            figures.buckets[int(kind[1:])] += n
-        else:
-            malformed += 1
+        row = rows.get(name)
+        if row is None:
+            row = rows[name] = [0] * (3 + len(BUCKETS_S) + 1)
+        row[slot] += n
+    jobs = {name: JobFigures(name, row[0], row[1], row[2], row[3:]) for name, row in rows.items()}
     return jobs, malformed
 
 
