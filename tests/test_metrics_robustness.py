@@ -20,10 +20,11 @@ from django.contrib import admin
 from django.test import Client
 from django.urls import path
 
-from django_cogworker import api, views
+from django_cogworker import api, metrics, views
+from django_cogworker.api import metrics as api_metrics
 from django_cogworker.keys import keys
 from testproject.testapp import jobs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.test_metrics_page import BASE, job_url, minute_key, put, row_names, text
 from tests.test_worker_logs import MANAGE, status
 
@@ -152,3 +153,55 @@ def test_a_mark_with_a_lone_surrogate_is_stored_as_text_and_every_page_renders(c
         "release-\\udcff",
         "v\\ud800",
     ]
+
+
+# -- percentiles within the runs observed ------------------------------------------------------
+
+
+def percentiles(figures: metrics.JobFigures) -> list[float]:
+    return [figures.percentile(q) for q in (0.5, 0.95, 0.99)]
+
+
+def test_percentiles_are_clamped_to_the_fastest_and_slowest_run(cog, superclient):
+    now = time.time()
+    # Two runs of exactly 6.0 s, in two minutes: interpolated in the bucket
+    # 5 s to 10 s, p50 would be 7.5 s and p99 9.95 s.
+    put(cog, now - 60, ("app.six", 6.0, False))
+    put(cog, now, ("app.six", 6.0, False), ("app.mixed", 6.0, False))
+    # Minutes written by an older version: no fastest and slowest run kept.
+    old = {"|r": 2, "|us": 12_000_000, "|h12": 2}
+    for name in ("app.old", "app.mixed"):
+        cog.redis.hset(minute_key(cog, now - 120), mapping={name + k: v for k, v in old.items()})
+    response = superclient.get(BASE + "metrics/")
+    shown = {row.figures.name: row.figures.percentiles for row in response.context["rows"]}
+    assert shown["app.six"] == [("p50", "6 s"), ("p95", "6 s"), ("p99", "6 s")]
+    assert superclient.get(job_url("app.six")).context["figures"].percentiles == shown["app.six"]
+    # Not every run's extremes known: estimated in the bucket, as before.
+    assert shown["app.old"] == [("p50", "7.5 s"), ("p95", "9.75 s"), ("p99", "9.95 s")]
+    assert shown["app.mixed"][0] == ("p50", "7.5 s")
+    assert response.context["malformed_notes"] == []
+
+
+def test_a_workers_beat_writes_the_fastest_and_slowest_run_of_each_minute(cog):
+    worker = cog.start_worker()
+    for i in range(2):
+        jobs.sleep_then_record.delay(0.3, i)
+
+    def both_runs() -> dict[str, Any] | None:
+        found = {}
+        for key in cog.redis.scan_iter(match=cog.key("metrics:2*")):
+            found.update({k.decode(): int(v) for k, v in cog.redis.hgetall(key).items() if b"sleep" in k})
+        runs = sum(v for k, v in found.items() if k.endswith("|r"))
+        return found if runs == 2 else None
+
+    # Written by the beat: the worker still runs.
+    fields = wait_for(both_runs, 30, "both runs in the minutes' figures")
+    assert worker.alive()
+    name = jobs.sleep_then_record.name
+    lo_us, hi_us = fields[f"{name}|lo"], fields[f"{name}|hi"]
+    assert 300_000 <= lo_us <= hi_us
+    figures = api_metrics.summed(api_metrics.minutes(1))[name]
+    assert (figures.lo_us, figures.hi_us) == (lo_us, hi_us)
+    assert all(lo_us / 1e6 <= p <= hi_us / 1e6 for p in percentiles(figures)), percentiles(figures)
+    # The totals (Prometheus' histogram) have no use for them.
+    assert not [f for f in cog.redis.hkeys(cog.key("metrics:totals")) if f.endswith((b"|lo", b"|hi"))]
