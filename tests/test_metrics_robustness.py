@@ -83,8 +83,18 @@ def views_scrape(client: Client) -> str:
     return response.content.decode()
 
 
+def huge_process(cog: Any) -> None:
+    """A live process's record with figures no float or 64-bit integer holds."""
+    key = cog.key("process:h:1:x")
+    fields = {"identity": "h:1:x", "busy": HUGE, "concurrency": LONGER_THAN_INT_READS, "started_at": HUGE}
+    cog.redis.hset(key, mapping={**fields, "rss_kb": HUGE, "beat": HUGE})
+    cog.redis.expire(key, 60)
+    cog.redis.sadd(cog.key("processes"), "h:1:x")
+
+
 def test_g13_huge_counters_and_times_are_read_as_0_on_every_page(cog, superclient):
     huge_counters(cog)
+    huge_process(cog)
     malformed_figures(cog, time.time())
     for page in PAGES:
         response = superclient.get(BASE + page)
@@ -94,6 +104,7 @@ def test_g13_huge_counters_and_times_are_read_as_0_on_every_page(cog, superclien
     samples = views_scrape(superclient)
     assert "\ncogworker_failed_total 0\n" in samples and "\ncogworker_processed_total 0\n" in samples
     assert 'cogworker_queue_latency_seconds{queue="default"} 0' in samples
+    assert "\ncogworker_processes 1\n" in samples and "\ncogworker_busy_threads 0\n" in samples
 
 
 def test_g13_cogworker_status_reads_huge_numbers_without_a_traceback(cog):
@@ -104,11 +115,7 @@ def test_g13_cogworker_status_reads_huge_numbers_without_a_traceback(cog):
     assert (code, err) == (1, ""), err
     worker = cog.start_worker()
     worker.identity()
-    # Another process's record, with figures no float or 64-bit integer holds.
-    fields = {"identity": "h:1:x", "busy": HUGE, "concurrency": LONGER_THAN_INT_READS, "started_at": HUGE}
-    cog.redis.hset(cog.key("process:h:1:x"), mapping=fields)
-    cog.redis.expire(cog.key("process:h:1:x"), 60)
-    cog.redis.sadd(cog.key("processes"), "h:1:x")
+    huge_process(cog)
     code, out, err = status(cog, "--json")
     assert (code, err) == (0, ""), err
     assert len(json.loads(out)["processes"]) == 2
