@@ -49,6 +49,10 @@ from tests.test_guarantees import (  # the guarantees that need no server of the
     test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues,  # noqa: F401
     test_g13_bad_payloads_are_filed_in_dead_with_raw_kept_and_the_worker_goes_on,  # noqa: F401
 )
+from tests.test_metrics_robustness import (  # the figures' script, and a beat, on the cluster
+    test_a_workers_beat_writes_the_fastest_and_slowest_run_of_each_minute,  # noqa: F401
+    test_percentiles_are_clamped_to_the_fastest_and_slowest_run,  # noqa: F401
+)
 from tests.test_tasks import *  # noqa: F403  (the Tasks backend)
 from tests.topology import ClusterGroup, redis_cluster  # noqa: F401
 

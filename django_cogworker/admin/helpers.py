@@ -100,6 +100,15 @@ def paginate(request: HttpRequest, fetch: Callable[[int, int], tuple[int, list[A
     return Paginator(_OnePage(count, items), PER_PAGE).page(number)
 
 
+def page_by_name(request: HttpRequest, items: Sequence[Any]) -> tuple[str, Page]:
+    """The text of ``?q=``, and page ``?p=`` of those of ``items`` (a list
+    read whole, in its order) whose ``name`` holds it, ignoring case."""
+    search = request.GET.get("q", "").strip()
+    needle = search.casefold()
+    shown = [item for item in items if needle in item.name.casefold()]
+    return search, paginate(request, lambda offset, limit: (len(shown), shown[offset : offset + limit]))
+
+
 def page_links(page: Page) -> list[int | str]:
     return list(page.paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1))
 

@@ -91,6 +91,14 @@ def summed(window: list[Minute]) -> dict[str, JobFigures]:
 MARK_LABEL_CHARS = 200
 
 
+def label_text(label: str) -> str:
+    """``label`` as text a page can encode: a lone surrogate (a byte that
+    was not UTF-8 in a command's argument, ``"\\ud800"`` in JSON) becomes
+    its escape, ``\\udcff``. Without it, the page's UTF-8 encoding fails:
+    a 500 on every Metrics page until the mark ages out."""
+    return label.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class DeployMark:
     #: When (epoch seconds).
@@ -110,7 +118,7 @@ def mark_deploy(label: str, at: float | None = None) -> DeployMark:
     at = now if at is None else float(at)
     if not math.isfinite(at):
         raise ValueError(f"mark_deploy: at must be epoch seconds, not {at!r}")
-    mark = DeployMark(at, label[:MARK_LABEL_CHARS])
+    mark = DeployMark(at, label_text(label)[:MARK_LABEL_CHARS])
     key = get_keys().deploy_marks
     pipe = get_redis().pipeline(transaction=False)
     # The time is in the member too: two deploys of one label stay two marks.
@@ -137,7 +145,8 @@ def deploy_marks(start: float, end: float) -> Listing[DeployMark]:
         found = loads_object(raw)
         label = found.get("label") if found is not None else None
         if isinstance(label, str) and math.isfinite(score):
-            marks.append(DeployMark(float(score), label[:MARK_LABEL_CHARS]))
+            # Escaped here too: a label stored by an older version may hold one.
+            marks.append(DeployMark(float(score), label_text(label)[:MARK_LABEL_CHARS]))
         else:
             marks.skipped.append(f"{key}: {quoted(raw)} is not a deploy mark: skipped")
     return marks

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import redis
 
 from django_cogworker.errors import BadPayload
+from django_cogworker.metrics import MAX_COUNTER
 from django_cogworker.payload import Payload, parse, text
 
 _T = TypeVar("_T")
@@ -71,15 +72,18 @@ def quoted(raw: Any) -> str:
 def checked_number(raw: Any, kind: type[int] | type[float]) -> tuple[Any, str]:
     """A number (as text in a hash, or a JSON value) and why it is malformed
     ("" when it is not); 0 when malformed, and when missing (not malformed:
-    a record of an older version may lack the field)."""
+    a record of an older version may lack the field). A whole number past
+    64 bits, a 5,000-digit one (which ``int()`` refuses since Python 3.11)
+    and a float that is not finite are malformed."""
     if raw is None or raw in ("", b""):
         return kind(0), ""
     what = "a whole number" if kind is int else "a number"
     try:
         value = kind(raw)
+        fits = abs(value) <= MAX_COUNTER if kind is int else math.isfinite(value)
     except (TypeError, ValueError, OverflowError):
-        return kind(0), f"{quoted(raw)} is not {what}"
-    if isinstance(raw, bool) or not math.isfinite(value):
+        fits = False
+    if isinstance(raw, bool) or not fits:
         return kind(0), f"{quoted(raw)} is not {what}"
     return value, ""
 

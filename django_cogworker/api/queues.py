@@ -18,13 +18,19 @@ Redis errors reach the caller as ``CogworkerError``
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django_cogworker.api.parsing import Listing, is_wrong_type, loads_object, names_in, unless_wrong_type
+from django_cogworker.api.parsing import (
+    Listing,
+    is_wrong_type,
+    loads_object,
+    names_in,
+    number,
+    unless_wrong_type,
+)
 from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
@@ -37,9 +43,12 @@ def wait_s(oldest: Any, now: float) -> float:
     if oldest is None:
         return 0.0
     at = (loads_object(oldest) or {}).get("enqueued_at")
-    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
-        return 0.0  # -1e400 reads as -inf: a wait of forever would tell nothing
-    return max(0.0, now - float(at))
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        return 0.0
+    # -1e400 reads as -inf, a 400-digit integer as no float at all: both
+    # read as 0 (malformed), as a wait of forever would tell nothing.
+    at_s = number(at, float)
+    return max(0.0, now - at_s) if at_s else 0.0
 
 
 @dataclass(frozen=True)

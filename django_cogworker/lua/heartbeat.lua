@@ -1,4 +1,5 @@
 --! include count_stats.lua
+--! include add_metrics.lua
 -- One beat of a worker process.
 -- KEYS[1] = process hash (the presence key), KEYS[2] = processes set,
 -- KEYS[3] = last_beat hash, KEYS[4] = inprogress_identities set,
@@ -12,15 +13,16 @@
 -- "since": when beats resumed after the last silence longer than the
 -- presence TTL; requeue.lua reads both, G2),
 -- KEYS[14] = metrics:<minute> (per-job figures of this beat's minute),
--- KEYS[15] = metrics:totals (the same figures, cumulative).
+-- KEYS[15] = metrics:totals (the same counts, cumulative).
 -- ARGV[1] = identity, ARGV[2] = presence TTL (s), ARGV[3] = processed since
 -- the last beat, ARGV[4] = failed since the last beat, ARGV[5] = "1" to
 -- register in inprogress_identities (reliable fetch), ARGV[6] = TTL of the
 -- daily counters (s), ARGV[7] = TTL of the minute counters (s),
 -- ARGV[8] = number of process fields F, ARGV[9] = number of metric
--- increments M, ARGV[10] = TTL of the metrics minute (s),
--- ARGV[11 .. 10+2F] = field, value pairs, then M field, increment pairs of
--- metrics (metrics.Tally), then jid, record pairs of the running jobs.
+-- pairs M, ARGV[10] = TTL of the metrics minute (s),
+-- ARGV[11 .. 10+2F] = field, value pairs, then M field, value pairs of
+-- metrics (metrics.Tally.increments, see add_metrics.lua), then jid, record
+-- pairs of the running jobs.
 -- Returns {registered, {signals sent to this process since the last beat...}},
 -- registered = 0 when the registration in KEYS[4] failed (a key of the wrong type).
 if redis.replicate_commands then redis.replicate_commands() end
@@ -34,15 +36,7 @@ count_stats(KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], ARGV[3], AR
 local nfields = tonumber(ARGV[8])
 local nmetrics = tonumber(ARGV[9])
 local first_metric = 11 + 2 * nfields
--- pcall: a metrics hash of the wrong type loses those figures, never the
--- beat (which would then give its counts back and count them twice).
-for i = first_metric, first_metric + 2 * nmetrics - 1, 2 do
-  redis.pcall("HINCRBY", KEYS[14], ARGV[i], ARGV[i + 1])
-  redis.pcall("HINCRBY", KEYS[15], ARGV[i], ARGV[i + 1])
-end
-if nmetrics > 0 then
-  redis.pcall("EXPIRE", KEYS[14], ARGV[10])
-end
+add_metrics(KEYS[14], KEYS[15], ARGV, first_metric, nmetrics, ARGV[10])
 
 local fields = {}
 for i = 11, 10 + 2 * nfields do
