@@ -114,7 +114,8 @@ def build(config: Config, *, async_client: bool = False) -> Client:
                 "call the synchronous API (in a thread: asgiref's sync_to_async)."
             )
         return _from_cache(config.cache_alias)
-    options: dict[str, Any] = {"health_check_interval": HEALTH_CHECK_INTERVAL_S, **config.redis_options}
+    # Options, not a dict: the locals of a failure print it (its secrets redacted).
+    options = redis_url.Options({"health_check_interval": HEALTH_CHECK_INTERVAL_S, **config.redis_options})
     options["decode_responses"] = False
     try:
         target = redis_url.parse(config.redis_url)
@@ -156,12 +157,14 @@ def _sentinel_master(
     Sentinel pool asks the sentinels again after a connection error and
     turns a READONLY reply of a demoted master into one, so a failover is
     an outage of a few seconds for every caller, not a wrong answer."""
-    sentinel_kwargs = {
-        "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
-        "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
-        **{k: v for k, v in options.items() if k.startswith("socket_")},
-        **sentinel_options,
-    }
+    sentinel_kwargs = redis_url.Options(
+        {
+            "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+            **{k: v for k, v in options.items() if k.startswith("socket_")},
+            **sentinel_options,
+        }
+    )
     module = redis.asyncio.sentinel if async_client else redis.sentinel
     cls = redis.asyncio.Redis if async_client else redis.Redis
     sentinel = module.Sentinel(
@@ -173,13 +176,14 @@ def _sentinel_master(
 
 
 def _cluster(target: redis_url.Target, options: dict[str, Any], async_client: bool) -> Client:
+    # The URL's credentials win over REDIS_OPTIONS', as for a Sentinel URL
+    # (given both, RedisCluster would raise a TypeError).
+    kwargs = redis_url.Options({**options, **_credentials(target)})
     if async_client:
         nodes: list[Any] = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.hosts]
-        return redis.asyncio.RedisCluster(startup_nodes=nodes, **options, **_credentials(target))
+        return redis.asyncio.RedisCluster(startup_nodes=nodes, **kwargs)
     return redis.RedisCluster(
-        startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.hosts],
-        **options,
-        **_credentials(target),
+        startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.hosts], **kwargs
     )
 
 
