@@ -192,8 +192,10 @@ def get_config() -> Config:
         str(getattr(settings, "BASE_DIR", os.getcwd())), ".cogworker"
     )
     # "" or a non-string (E027) accepts no bearer at all: an empty token
-    # must never match an empty Authorization header.
+    # must never match an empty Authorization header. Stripped: read from
+    # a file with its newline, it would never match (the bearer is stripped).
     token = values["METRICS_TOKEN"]
+    token = token.strip() if isinstance(token, str) else None
     return Config(
         redis_url=str(values["REDIS_URL"]),
         cache_alias=values["CACHE_ALIAS"],
@@ -223,7 +225,7 @@ def get_config() -> Config:
         enqueue_wait_replicas=int(values["ENQUEUE_WAIT_REPLICAS"]),
         enqueue_wait_timeout_s=float(values["ENQUEUE_WAIT_TIMEOUT"]),
         embedded_dir=str(embedded_dir),
-        metrics_token=token if isinstance(token, str) and token else None,
+        metrics_token=token or None,
     )
 
 
