@@ -23,16 +23,13 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
-import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
-import redis.retry
 import redis.sentinel
-from redis.backoff import NoBackoff
 
-from django_cogworker import direct, redis_url
+from django_cogworker import direct, redis_url, sentinel
 from django_cogworker.conf import Config, get_config
-from django_cogworker.errors import ConfigurationError
+from django_cogworker.errors import ConfigurationError, RedisUnavailable, is_unavailable
 from django_cogworker.keys import Keys, keys
 
 logger = logging.getLogger("django_cogworker")
@@ -125,7 +122,7 @@ def build(config: Config, *, async_client: bool = False) -> Client:
     except ValueError as exc:
         raise ConfigurationError(f"COGWORKER['REDIS_URL']: {exc}") from None
     if target.kind == redis_url.SENTINEL:
-        return _sentinel_master(target, options, config.sentinel_options, async_client)
+        return sentinel.master(target, options, config.sentinel_options, _credentials(target), async_client)
     if target.kind == redis_url.CLUSTER:
         return _cluster(target, options, async_client)
     cls = redis.asyncio.Redis if async_client else redis.Redis
@@ -134,20 +131,6 @@ def build(config: Config, *, async_client: bool = False) -> Client:
 
         return cls(unix_socket_path=embedded.ensure_running(config.embedded_dir), **options)
     return cls.from_url(config.redis_url, **options)
-
-
-#: Timeouts of the connections to the sentinels when SENTINEL_OPTIONS sets
-#: none: a sentinel that does not answer must not hold up the discovery of
-#: the master through the others.
-SENTINEL_SOCKET_TIMEOUT_S = 2.0
-
-#: The longest one discovery of the master may take, asking each sentinel
-#: in turn, once: each sentinel's timeouts are cut to its share of it, and
-#: redis-py's retries of a sentinel connection (seconds of backoff each) are
-#: off unless SENTINEL_OPTIONS sets ``retry``. Within the probe timeout of
-#: ``cogworker_status``, and what ``.delay()`` waits at most before
-#: RedisUnavailable when no sentinel answers.
-SENTINEL_DISCOVERY_TIMEOUT_S = 4.0
 
 
 def _credentials(target: redis_url.Target) -> dict[str, Any]:
@@ -161,64 +144,6 @@ def _credentials(target: redis_url.Target) -> dict[str, Any]:
     return found
 
 
-def _sentinel_master(
-    target: redis_url.Target, options: dict[str, Any], sentinel_options: dict[str, Any], async_client: bool
-) -> Client:
-    """The master of ``target.service``, found through the sentinels. redis-py's
-    Sentinel pool asks the sentinels again after a connection error and
-    turns a READONLY reply of a demoted master into one, so a failover is
-    an outage of a few seconds for every caller, not a wrong answer."""
-    sentinel_kwargs = redis_url.Options(
-        {
-            "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
-            "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
-            **{k: v for k, v in options.items() if k.startswith("socket_")},
-            "retry": (redis.asyncio.retry.Retry if async_client else redis.retry.Retry)(NoBackoff(), 0),
-            **sentinel_options,
-        }
-    )
-    share_s = SENTINEL_DISCOVERY_TIMEOUT_S / len(target.hosts)
-    for name in ("socket_timeout", "socket_connect_timeout"):
-        given = sentinel_kwargs.get(name)
-        sentinel_kwargs[name] = share_s if given is None else min(given, share_s)
-    cls = redis.asyncio.Redis if async_client else redis.Redis
-    sentinel: Any = (_AsyncSentinel if async_client else _Sentinel)(
-        list(target.hosts),
-        sentinel_kwargs=sentinel_kwargs,
-        **{**options, **_credentials(target), "db": target.db},
-    )
-    return sentinel.master_for(target.service, redis_class=cls)
-
-
-def _no_master(sentinels: list[Any], service: str) -> str:
-    """One line for redis-py's MasterNotFoundError, whose text holds the
-    repr of every sentinel client (3 KB for three): the sentinels asked."""
-    kwargs = [s.connection_pool.connection_kwargs for s in sentinels]
-    asked = ", ".join(f"{k.get('host')}:{k.get('port')}" for k in kwargs)
-    return (
-        f"no sentinel named a master for {service!r} (asked {asked}, each once, "
-        f"within {SENTINEL_DISCOVERY_TIMEOUT_S:g}s)"
-    )
-
-
-class _Sentinel(redis.sentinel.Sentinel):
-    def discover_master(self, service_name: str) -> Any:
-        try:
-            return super().discover_master(service_name)
-        except redis.sentinel.MasterNotFoundError:
-            raise redis.sentinel.MasterNotFoundError(_no_master(self.sentinels, service_name)) from None
-
-
-class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
-    async def discover_master(self, service_name: str) -> Any:
-        try:
-            return await super().discover_master(service_name)
-        except redis.asyncio.sentinel.MasterNotFoundError:
-            raise redis.asyncio.sentinel.MasterNotFoundError(
-                _no_master(self.sentinels, service_name)
-            ) from None
-
-
 def _cluster(target: redis_url.Target, options: dict[str, Any], async_client: bool) -> Client:
     # The URL's credentials win over REDIS_OPTIONS', as for a Sentinel URL
     # (given both, RedisCluster would raise a TypeError).
@@ -229,6 +154,43 @@ def _cluster(target: redis_url.Target, options: dict[str, Any], async_client: bo
     return redis.RedisCluster(
         startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.hosts], **kwargs
     )
+
+
+#: The longest pause between two tries to make the client at a worker's boot.
+BOOT_RETRY_MAX_S = 5.0
+
+
+def wait_for_client(stop: threading.Event) -> bool:
+    """At a worker's boot: makes the process client, trying again with
+    backoff while Redis cannot be reached; False when ``stop`` was set
+    meanwhile. Only a Redis Cluster client connects as it is made (it asks
+    its startup nodes for the slots); the others connect at their first
+    command, whose failures the worker's first beat waits out the same way.
+    Without this, a worker started while no node answers (a cluster
+    restarting) would exit, and its pod restart in a loop."""
+    delay_s = 0.1
+    told = False
+    while True:
+        try:
+            get_redis()
+            if told:
+                logger.warning("Redis at %s answers; starting", describe(get_config()))
+            return True
+        except Exception as exc:
+            if not (is_unavailable(exc) or isinstance(exc, RedisUnavailable)):
+                raise
+            if not told:
+                told = True
+                logger.error(
+                    "cogworker waits for Redis at %s (%s: %s); retrying with backoff, "
+                    "work starts when it answers",
+                    describe(get_config()),
+                    type(exc).__name__,
+                    exc,
+                )
+        if stop.wait(delay_s):
+            return False
+        delay_s = min(delay_s * 2, BOOT_RETRY_MAX_S)
 
 
 def describe(config: Config) -> str:

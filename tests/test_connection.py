@@ -10,10 +10,11 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from django_cogworker.connection import SENTINEL_DISCOVERY_TIMEOUT_S, get_redis, reset
+from django_cogworker.connection import get_redis, reset
 from django_cogworker.errors import ConfigurationError
+from django_cogworker.sentinel import SENTINEL_DISCOVERY_TIMEOUT_S
 from testproject.testapp import jobs
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 
 def cache_settings(url: str, **options: object) -> dict[str, object]:
@@ -189,3 +190,36 @@ def test_sentinels_that_never_answer_are_bounded_by_the_discovery_timeout(cog):
     finally:
         for listener in listeners:
             listener.close()
+
+
+def test_a_worker_on_a_cluster_url_waits_while_no_node_answers_then_works(cog, tmp_path):
+    """As for every other URL form, not an exit (a restart loop of pods after
+    a cluster restart): the worker logs that it waits, keeps running, and
+    works once the cluster is up."""
+    import json
+    import signal
+
+    from tests.topology import ClusterGroup
+
+    cluster = ClusterGroup(tmp_path / "cluster")  # its ports chosen, nothing started yet
+    url, namespace = cluster.url(), "{" + cog.namespace + "}"
+    worker = cog.start_worker(REDIS_URL=url, NAMESPACE=namespace, env={"COGWORKER_REDIS_URL": url})
+    try:
+        wait_for(
+            lambda: "waits for Redis at redis+cluster://" in worker.log() or not worker.alive(), 30, "a wait"
+        )
+        assert worker.alive(), worker.log()
+        assert "RedisClusterException" in worker.log() and "Traceback" not in worker.log()
+        cluster.start()
+        with cluster.client() as client:
+            cog.configure(REDIS_URL=url, NAMESPACE=namespace, ENQUEUE_ON_COMMIT=False)
+            reset()
+            jid = jobs.record.delay("after the cluster came up")
+            ran = wait_for(lambda: client.lrange(f"{namespace}:test:runs", 0, -1), 60, "the job to run")
+            assert [json.loads(r)["jid"] for r in ran] == [jid]
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.log()
+    finally:
+        if worker.alive():
+            worker.proc.kill()
+        cluster.stop()
