@@ -216,6 +216,11 @@ def test_e008_sentinel_and_cluster_url_shapes(url, says):
         "redis+sentinel://:s3cret-pw@s1:26379",
         "redis+cluster://user:s3cret-pw@n1/2",
         "redis+cluster://n1?password=s3cret-pw",
+        ":s3cret-pw@localhost:6379/0",
+        "redis:/:s3cret-pw@localhost",
+        ["redis://:s3cret-pw@localhost:6379/0"],
+        ("redis://:s3cret-pw@localhost:6379/0",),
+        "app:s3cret-pw@localhost",
     ],
 )
 def test_e008_never_shows_the_password(url):
