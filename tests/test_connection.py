@@ -223,3 +223,31 @@ def test_a_worker_on_a_cluster_url_waits_while_no_node_answers_then_works(cog, t
         if worker.alive():
             worker.proc.kill()
         cluster.stop()
+
+
+def test_refused_sentinels_fail_an_async_client_at_once_in_one_line(settings):
+    import asyncio
+
+    import redis.asyncio.sentinel
+
+    from django_cogworker.conf import get_config
+    from django_cogworker.connection import aclose, build
+
+    port = free_port()
+    settings.COGWORKER = {"REDIS_URL": f"redis+sentinel://:hidden-pw@127.0.0.1:{port}/orders"}
+
+    async def ping() -> None:
+        client = build(get_config(), async_client=True)
+        try:
+            await client.ping()
+        finally:
+            await aclose(client)
+
+    began = time.monotonic()
+    with pytest.raises(redis.asyncio.sentinel.MasterNotFoundError) as raised:
+        asyncio.run(ping())
+    assert time.monotonic() - began < 1.0
+    assert str(raised.value) == (
+        f"no sentinel named a master for 'orders' (asked 127.0.0.1:{port}, each once, "
+        f"within {SENTINEL_DISCOVERY_TIMEOUT_S:g}s)"
+    )
