@@ -10,11 +10,13 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
+
+from django_cogworker import redis_url
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -70,7 +72,7 @@ class QueueSpec:
     weight: int  # 0 when no weight was given (strict order)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Config:
     redis_url: str
     cache_alias: str | None
@@ -107,6 +109,17 @@ class Config:
     @property
     def weighted(self) -> bool:
         return any(q.weight for q in self.queues)
+
+    def __repr__(self) -> str:
+        # A Config is a local of the enqueue path: Sentry's events and
+        # Django's DEBUG page print the locals of a failed .delay(). The URL
+        # masked, the options' secrets redacted, the token hidden.
+        shown = {f.name: repr(getattr(self, f.name)) for f in fields(self)}
+        shown["redis_url"] = repr(redis_url.masked(self.redis_url))
+        shown["redis_options"] = redis_url.redacted(self.redis_options)
+        shown["sentinel_options"] = redis_url.redacted(self.sentinel_options)
+        shown["metrics_token"] = repr(None if self.metrics_token is None else redis_url.MASK)
+        return f"Config({', '.join(f'{name}={text}' for name, text in shown.items())})"
 
 
 def parse_queue(spec: str) -> QueueSpec:
@@ -179,13 +192,15 @@ def get_config() -> Config:
         str(getattr(settings, "BASE_DIR", os.getcwd())), ".cogworker"
     )
     # "" or a non-string (E027) accepts no bearer at all: an empty token
-    # must never match an empty Authorization header.
+    # must never match an empty Authorization header. Stripped: read from
+    # a file with its newline, it would never match (the bearer is stripped).
     token = values["METRICS_TOKEN"]
+    token = token.strip() if isinstance(token, str) else None
     return Config(
         redis_url=str(values["REDIS_URL"]),
         cache_alias=values["CACHE_ALIAS"],
-        redis_options=dict(values["REDIS_OPTIONS"]),
-        sentinel_options=dict(values["SENTINEL_OPTIONS"]),
+        redis_options=redis_url.Options(values["REDIS_OPTIONS"]),
+        sentinel_options=redis_url.Options(values["SENTINEL_OPTIONS"]),
         namespace=str(values["NAMESPACE"]),
         queues=tuple(parse_queue(q) for q in values["QUEUES"]),
         concurrency=int(values["CONCURRENCY"]),
@@ -210,7 +225,7 @@ def get_config() -> Config:
         enqueue_wait_replicas=int(values["ENQUEUE_WAIT_REPLICAS"]),
         enqueue_wait_timeout_s=float(values["ENQUEUE_WAIT_TIMEOUT"]),
         embedded_dir=str(embedded_dir),
-        metrics_token=token if isinstance(token, str) and token else None,
+        metrics_token=token or None,
     )
 
 

@@ -27,9 +27,9 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
 
-from django_cogworker import direct, redis_url
+from django_cogworker import direct, redis_url, sentinel
 from django_cogworker.conf import Config, get_config
-from django_cogworker.errors import ConfigurationError
+from django_cogworker.errors import ConfigurationError, RedisUnavailable, is_unavailable
 from django_cogworker.keys import Keys, keys
 
 logger = logging.getLogger("django_cogworker")
@@ -114,14 +114,15 @@ def build(config: Config, *, async_client: bool = False) -> Client:
                 "call the synchronous API (in a thread: asgiref's sync_to_async)."
             )
         return _from_cache(config.cache_alias)
-    options: dict[str, Any] = {"health_check_interval": HEALTH_CHECK_INTERVAL_S, **config.redis_options}
+    # Options, not a dict: the locals of a failure print it (its secrets redacted).
+    options = redis_url.Options({"health_check_interval": HEALTH_CHECK_INTERVAL_S, **config.redis_options})
     options["decode_responses"] = False
     try:
         target = redis_url.parse(config.redis_url)
     except ValueError as exc:
         raise ConfigurationError(f"COGWORKER['REDIS_URL']: {exc}") from None
     if target.kind == redis_url.SENTINEL:
-        return _sentinel_master(target, options, config.sentinel_options, async_client)
+        return sentinel.master(target, options, config.sentinel_options, _credentials(target), async_client)
     if target.kind == redis_url.CLUSTER:
         return _cluster(target, options, async_client)
     cls = redis.asyncio.Redis if async_client else redis.Redis
@@ -130,12 +131,6 @@ def build(config: Config, *, async_client: bool = False) -> Client:
 
         return cls(unix_socket_path=embedded.ensure_running(config.embedded_dir), **options)
     return cls.from_url(config.redis_url, **options)
-
-
-#: Timeouts of the connections to the sentinels when SENTINEL_OPTIONS sets
-#: none: a sentinel that does not answer must not hold up the discovery of
-#: the master through the others.
-SENTINEL_SOCKET_TIMEOUT_S = 2.0
 
 
 def _credentials(target: redis_url.Target) -> dict[str, Any]:
@@ -149,38 +144,53 @@ def _credentials(target: redis_url.Target) -> dict[str, Any]:
     return found
 
 
-def _sentinel_master(
-    target: redis_url.Target, options: dict[str, Any], sentinel_options: dict[str, Any], async_client: bool
-) -> Client:
-    """The master of ``target.service``, found through the sentinels. redis-py's
-    Sentinel pool asks the sentinels again after a connection error and
-    turns a READONLY reply of a demoted master into one, so a failover is
-    an outage of a few seconds for every caller, not a wrong answer."""
-    sentinel_kwargs = {
-        "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
-        "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
-        **{k: v for k, v in options.items() if k.startswith("socket_")},
-        **sentinel_options,
-    }
-    module = redis.asyncio.sentinel if async_client else redis.sentinel
-    cls = redis.asyncio.Redis if async_client else redis.Redis
-    sentinel = module.Sentinel(
-        list(target.hosts),
-        sentinel_kwargs=sentinel_kwargs,
-        **{**options, **_credentials(target), "db": target.db},
-    )
-    return sentinel.master_for(target.service, redis_class=cls)
-
-
 def _cluster(target: redis_url.Target, options: dict[str, Any], async_client: bool) -> Client:
+    # The URL's credentials win over REDIS_OPTIONS', as for a Sentinel URL
+    # (given both, RedisCluster would raise a TypeError).
+    kwargs = redis_url.Options({**options, **_credentials(target)})
     if async_client:
         nodes: list[Any] = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.hosts]
-        return redis.asyncio.RedisCluster(startup_nodes=nodes, **options, **_credentials(target))
+        return redis.asyncio.RedisCluster(startup_nodes=nodes, **kwargs)
     return redis.RedisCluster(
-        startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.hosts],
-        **options,
-        **_credentials(target),
+        startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in target.hosts], **kwargs
     )
+
+
+#: The longest pause between two tries to make the client at a worker's boot.
+BOOT_RETRY_MAX_S = 5.0
+
+
+def wait_for_client(stop: threading.Event) -> bool:
+    """At a worker's boot: makes the process client, trying again with
+    backoff while Redis cannot be reached; False when ``stop`` was set
+    meanwhile. Only a Redis Cluster client connects as it is made (it asks
+    its startup nodes for the slots); the others connect at their first
+    command, whose failures the worker's first beat waits out the same way.
+    Without this, a worker started while no node answers (a cluster
+    restarting) would exit, and its pod restart in a loop."""
+    delay_s = 0.1
+    told = False
+    while True:
+        try:
+            get_redis()
+            if told:
+                logger.warning("Redis at %s answers; starting", describe(get_config()))
+            return True
+        except Exception as exc:
+            if not (is_unavailable(exc) or isinstance(exc, RedisUnavailable)):
+                raise
+            if not told:
+                told = True
+                logger.error(
+                    "cogworker waits for Redis at %s (%s: %s); retrying with backoff, "
+                    "work starts when it answers",
+                    describe(get_config()),
+                    type(exc).__name__,
+                    exc,
+                )
+        if stop.wait(delay_s):
+            return False
+        delay_s = min(delay_s * 2, BOOT_RETRY_MAX_S)
 
 
 def describe(config: Config) -> str:

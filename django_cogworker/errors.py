@@ -11,7 +11,9 @@ attached as ``__cause__``.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+from types import TracebackType
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
@@ -142,7 +144,9 @@ def translate(
     way), ``refused`` (by default :class:`RedisRefused`) for any other
     answer Redis gave. The message keeps redis-py's text, which names the
     host and port (or socket path) and never the password. Raise it with
-    ``raise translate(exc, doing) from exc``."""
+    ``raise translate(exc, doing) from exc`` (``exc`` loses redis-py's
+    frames: :func:`without_redis_frames`)."""
+    without_redis_frames(exc)
     if is_unavailable(exc):
         if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
             return RedisUnavailable(f"could not {doing}: Redis is unreachable ({exc})")
@@ -184,3 +188,32 @@ class _Boundary(contextlib.ContextDecorator):
 
             forget_demoted_master(exc)
         raise translate(exc, self.doing, refused=self.refused) from exc
+
+
+_REDIS_PY = os.path.dirname(redis.__file__) + os.sep
+
+
+def without_redis_frames(exc: BaseException) -> BaseException:
+    """``exc``, its traceback (and those of the errors chained to it) left
+    without redis-py's own frames; ours stay, and every message. Their
+    locals hold secrets (AUTH's arguments, a client's keyword arguments),
+    and a traceback's captured locals are what Sentry's events and Django's
+    DEBUG page print."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        kept: list[TracebackType] = []
+        tb = current.__traceback__
+        while tb is not None:
+            if not tb.tb_frame.f_code.co_filename.startswith(_REDIS_PY):
+                kept.append(tb)
+            tb = tb.tb_next
+        for i, entry in enumerate(kept):
+            entry.tb_next = kept[i + 1] if i + 1 < len(kept) else None
+        current.__traceback__ = kept[0] if kept else None
+        todo += [current.__cause__, current.__context__]
+    return exc

@@ -27,7 +27,7 @@ from typing import Any
 
 from django_cogworker import connection, metrics, middleware, stats, threads
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.errors import RedisAccessRefused, refusal_at_boot
+from django_cogworker.errors import RedisAccessRefused, refusal_at_boot, without_redis_frames
 from django_cogworker.heartbeat import Heartbeat
 from django_cogworker.manager import Manager
 from django_cogworker.periodic import Ticker
@@ -152,7 +152,7 @@ class Launcher:
                     raise RedisAccessRefused(
                         f"cogworker cannot start: Redis at {connection.describe(self.config)} said "
                         f"{str(exc)[:300].rstrip('.')}. {hint[0].upper()}{hint[1:]}."
-                    ) from exc
+                    ) from without_redis_frames(exc)
                 if not self.manager.outage.failed(exc):
                     logger.error("cannot reach Redis at boot (%s: %s); retrying", type(exc).__name__, exc)
                 if not hinted:

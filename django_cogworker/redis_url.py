@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote
 
 PLAIN = "plain"
@@ -66,7 +67,7 @@ def parse(url: object) -> Target:
         return Target(url, EMBEDDED)
     if not isinstance(url, str):
         raise ValueError(
-            f"{url!r} (a {type(url).__name__}) is not a URL: give a string such as 'redis://host:6379/0'"
+            f"{masked(url)} (a {type(url).__name__}) is not a URL: give a string such as 'redis://host:6379/0'"
         )
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
@@ -112,19 +113,64 @@ def _host(text: str, default_port: int, url: str) -> tuple[str, int]:
     return host, int(match.group(2) or default_port)
 
 
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#]*", re.IGNORECASE)
+#: A query option whose value may be a credential: ``password=``,
+#: ``ssl_password=``, ``ssl_keyfile_password=``, a token...
+_SECRET_OPTION = re.compile(
+    r"(?P<head>(?:^|[?&;])[^=&;?#]*(?:pass|secret|token|auth|cred)[^=&;?#]*=)[^&;#]*", re.IGNORECASE
+)
+#: A scheme where a URL starts (at the start of the text or of a quoted
+#: part), however many slashes follow it: ``redis:/`` is a typo of ``redis://``.
+_SCHEME = re.compile(r"(?:^|(?<=[\s'\"(\[,]))[A-Za-z][A-Za-z0-9+.\-]*:/+")
 
 
-def masked(url: str) -> str:
-    """``url`` with its password (in the user part or a ``password=`` query
-    option) replaced by ``***``; any other text is returned as it is. A user
-    part without a colon is masked too: some clients read it as a password."""
-    if not isinstance(url, str):
-        return repr(url)
-    scheme, sep, rest = url.partition("://")
-    at = rest.rfind("@")
-    if sep and at != -1:
-        user, colon, _ = rest[:at].partition(":")
-        rest = (f"{user}:{MASK}" if colon else MASK) + rest[at:]
-        url = scheme + sep + rest
-    return _QUERY_PASSWORD.sub(lambda m: m["head"] + MASK, url)
+def masked(url: object) -> str:
+    """``url`` with whatever could be a credential replaced by ``***``, for
+    messages and log lines: the user part before an ``@`` (its user name
+    kept when a colon follows it; alone, it is masked too: some clients read
+    it as a password), and the value of any query option that may hold a
+    secret. It reads any text this way, not only a well-formed URL
+    (``':pw@host'``, ``'redis:/:pw@host'``), and a list or tuple element by
+    element (a stray trailing comma makes a tuple of the setting); any other
+    value as its repr, masked alike."""
+    if isinstance(url, str):
+        return _masked_text(url)
+    if isinstance(url, list | tuple):
+        inner = ", ".join(repr(_masked_text(v)) if isinstance(v, str) else masked(v) for v in url)
+        if isinstance(url, list):
+            return f"[{inner}]"
+        return f"({inner}{',' if len(url) == 1 else ''})"
+    return _masked_text(repr(url))
+
+
+def _masked_text(text: str) -> str:
+    # The last @: a password may hold an unencoded @, never the host part.
+    at = text.rfind("@")
+    if at != -1:
+        scheme = _SCHEME.search(text, 0, at)
+        start = scheme.end() if scheme else 0
+        user, colon, _ = text[start:at].partition(":")
+        text = text[:start] + (f"{user}:{MASK}" if colon else MASK) + text[at:]
+    return _SECRET_OPTION.sub(lambda m: m["head"] + MASK, text)
+
+
+def redacted(options: object) -> str:
+    """``REDIS_OPTIONS`` or ``SENTINEL_OPTIONS`` for a repr: every key, and
+    the values that cannot be a secret (a number, a boolean, None) unless
+    the key names one; any other value is ``***``."""
+    if not isinstance(options, dict):
+        return f"<{type(options).__name__}>"
+    return "{" + ", ".join(f"{key!r}: {_shown(key, value)}" for key, value in options.items()) + "}"
+
+
+def _shown(key: object, value: object) -> str:
+    harmless = value is None or isinstance(value, bool | int | float)
+    secret_key = isinstance(key, str) and _SECRET_OPTION.match(key + "=") is not None
+    return repr(value) if harmless and not secret_key else repr(MASK)
+
+
+class Options(dict[str, Any]):
+    """Keyword arguments of a Redis client, whose repr shows no secret
+    (:func:`redacted`): a traceback's captured locals print it."""
+
+    def __repr__(self) -> str:
+        return redacted(self)

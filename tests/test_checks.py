@@ -216,6 +216,11 @@ def test_e008_sentinel_and_cluster_url_shapes(url, says):
         "redis+sentinel://:s3cret-pw@s1:26379",
         "redis+cluster://user:s3cret-pw@n1/2",
         "redis+cluster://n1?password=s3cret-pw",
+        ":s3cret-pw@localhost:6379/0",
+        "redis:/:s3cret-pw@localhost",
+        ["redis://:s3cret-pw@localhost:6379/0"],
+        ("redis://:s3cret-pw@localhost:6379/0",),
+        "app:s3cret-pw@localhost",
     ],
 )
 def test_e008_never_shows_the_password(url):
@@ -266,7 +271,6 @@ def test_a_cluster_url_defaults_to_a_hash_tagged_namespace(settings):
 @pytest.mark.parametrize(
     ("key", "value", "check_id"),
     [
-        ("SENTINEL_OPTIONS", "password=x", "cogworker.E025"),
         ("ENQUEUE_WAIT_REPLICAS", -1, "cogworker.E005"),
         ("ENQUEUE_WAIT_REPLICAS", True, "cogworker.E005"),
         ("ENQUEUE_WAIT_REPLICAS", 1.5, "cogworker.E005"),
@@ -307,15 +311,99 @@ def test_e010_cache_alias_must_name_a_cache():
         assert check_settings() == []
 
 
-def test_e011_redis_options_must_be_a_dict():
-    assert run({"REDIS_OPTIONS": [("socket_timeout", 5)]}) == [
+def test_e011_redis_options_must_be_a_dict_and_its_value_is_never_shown():
+    assert run({"REDIS_OPTIONS": [("password", "s3cret")]}) == [
         error(
             "COGWORKER['REDIS_OPTIONS'] must be a dict of redis-py keyword arguments, "
-            "got [('socket_timeout', 5)].",
+            "got a value of type list.",
             "For example {'socket_timeout': 5}.",
             "cogworker.E011",
         )
     ]
+
+
+def test_e025_sentinel_options_must_be_a_dict_and_its_value_is_never_shown():
+    assert run({"SENTINEL_OPTIONS": "password=s3cret"}) == [
+        error(
+            "COGWORKER['SENTINEL_OPTIONS'] must be a dict of redis-py keyword arguments for the "
+            "connections to the sentinels, got a value of type str.",
+            "For example {'password': '...', 'socket_timeout': 1}.",
+            "cogworker.E025",
+        )
+    ]
+
+
+OPTIONS_HINT = "Each is a keyword argument of redis-py's client (redis.Redis), of the type it takes."
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "must"),
+    [
+        ("socket_timeout", "5", "a positive number of seconds or None"),
+        ("socket_connect_timeout", 0, "a positive number of seconds or None"),
+        ("socket_timeout", True, "a positive number of seconds or None"),
+        ("health_check_interval", -1, "a number of seconds >= 0"),
+        ("max_connections", 2.5, "a whole number of at least 1, or None"),
+        ("password", 12345, "a string or None"),
+        ("ssl_password", b"s3cret", "a string or None"),
+        ("ssl", "yes", "True or False"),
+        ("socket_keepalive", 1, "True or False"),
+        ("db", "2", "a whole number of at least 0"),
+        ("protocol", 4, "2, 3 or None"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("key", "check_id"), [("REDIS_OPTIONS", "cogworker.E011"), ("SENTINEL_OPTIONS", "cogworker.E025")]
+)
+def test_e011_e025_a_known_option_of_the_wrong_type_names_its_type_only(key, check_id, option, value, must):
+    # The type only: the value may be a password.
+    got = f"a value of type {type(value).__name__}"
+    assert run({key: {option: value}}) == [
+        error(f"COGWORKER[{key!r}][{option!r}] must be {must}, got {got}.", OPTIONS_HINT, check_id)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "check_id"), [("REDIS_OPTIONS", "cogworker.E011"), ("SENTINEL_OPTIONS", "cogworker.E025")]
+)
+def test_e011_e025_an_unknown_option_is_refused_with_a_suggestion(key, check_id):
+    assert run({key: {"socket_timout": 5, "frobnicate": 1, 7: 1}}) == [
+        error(
+            f"COGWORKER[{key!r}][7] is not a keyword argument of redis-py's client.", OPTIONS_HINT, check_id
+        ),
+        error(
+            f"COGWORKER[{key!r}]['frobnicate'] is not a keyword argument of redis-py's client.",
+            OPTIONS_HINT,
+            check_id,
+        ),
+        error(
+            f"COGWORKER[{key!r}]['socket_timout'] is not a keyword argument of redis-py's client; "
+            "did you mean 'socket_timeout'?",
+            OPTIONS_HINT,
+            check_id,
+        ),
+    ]
+
+
+def test_options_of_the_right_types_pass():
+    import redis
+
+    options = {
+        "socket_timeout": 5,
+        "socket_connect_timeout": 2.5,
+        "health_check_interval": 0,
+        "max_connections": None,
+        "password": "pw",
+        "username": None,
+        "ssl": True,
+        "ssl_ca_certs": "/etc/ssl/ca.pem",
+        "retry_on_timeout": False,
+        "protocol": 3,
+        "client_name": "web",
+        "retry": redis.retry.Retry(redis.backoff.NoBackoff(), 1),
+        "connection_class": redis.Connection,
+    }
+    assert run({"REDIS_OPTIONS": options, "SENTINEL_OPTIONS": {"password": "x", "socket_timeout": 0.5}}) == []
 
 
 @pytest.mark.parametrize("namespace", ["", "my jobs", "tab\tbed", 7])
@@ -563,6 +651,24 @@ def test_e027_metrics_token(token, got):
             "cogworker.E027",
         )
     ]
+
+
+def test_e027_a_metrics_token_of_whitespace_only_is_refused():
+    assert run({"METRICS_TOKEN": " \n"}) == [
+        error(
+            "COGWORKER['METRICS_TOKEN'] must be a non-empty string or None, got a string of whitespace only.",
+            E027_HINT,
+            "cogworker.E027",
+        )
+    ]
+
+
+def test_e027_a_token_with_surrounding_whitespace_is_stripped_not_refused(settings):
+    from django_cogworker.conf import get_config
+
+    assert run({"METRICS_TOKEN": "s3cret\n"}) == []
+    settings.COGWORKER = {"METRICS_TOKEN": " s3cret\n"}
+    assert get_config().metrics_token == "s3cret"
 
 
 def test_e027_a_metrics_token_or_none_is_valid_and_never_shown():

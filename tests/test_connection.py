@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import io
+import socket
+import time
+
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 
 from django_cogworker.connection import get_redis, reset
 from django_cogworker.errors import ConfigurationError
+from django_cogworker.sentinel import SENTINEL_DISCOVERY_TIMEOUT_S
 from testproject.testapp import jobs
+from tests.conftest import free_port, wait_for
 
 
 def cache_settings(url: str, **options: object) -> dict[str, object]:
@@ -122,3 +129,125 @@ def test_a_sentinel_or_cluster_url_with_nothing_behind_it_is_redis_unavailable_a
     with pytest.raises(RedisUnavailable) as raised:
         jobs.record.delay("nowhere")
     assert "hidden-pw" not in str(raised.value)
+
+
+def silent_listener() -> socket.socket:
+    """A port that takes connections (the kernel's backlog) and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    return listener
+
+
+def test_refused_sentinels_fail_a_delay_and_the_status_probe_at_once_in_one_line(cog):
+    """Each sentinel is asked once (redis-py's retries of a sentinel
+    connection cost seconds of backoff each: 7 s for two), and the error is
+    one line naming the sentinels, not the repr of redis-py's clients."""
+    from django_cogworker.errors import RedisUnavailable
+
+    ports = [free_port(), free_port(), free_port()]
+    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+    cog.configure(REDIS_URL=f"redis+sentinel://:hidden-pw@{hosts}/mymaster", ENQUEUE_ON_COMMIT=False)
+    reset()
+    began = time.monotonic()
+    with pytest.raises(RedisUnavailable) as raised:
+        jobs.record.delay("nowhere")
+    assert time.monotonic() - began < 1.0
+    assert str(raised.value) == (
+        "could not enqueue: Redis is unreachable (no sentinel named a master for 'mymaster' "
+        f"(asked {', '.join(f'127.0.0.1:{p}' for p in ports)}, each once, within "
+        f"{SENTINEL_DISCOVERY_TIMEOUT_S:g}s))"
+    )
+    began = time.monotonic()
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("cogworker_status", stdout=io.StringIO(), stderr=err)
+    assert exited.value.code == 2 and time.monotonic() - began < 1.0
+    assert "no sentinel named a master for 'mymaster'" in err.getvalue() and "hidden-pw" not in err.getvalue()
+    assert len(err.getvalue().splitlines()) == 1 and "redis.client.Redis" not in err.getvalue()
+
+
+def test_sentinels_that_never_answer_are_bounded_by_the_discovery_timeout(cog):
+    """Each sentinel's timeouts are cut to its share of the discovery's
+    bound, those SENTINEL_OPTIONS sets too: asked in turn, they all fit in it."""
+    from django_cogworker.errors import RedisUnavailable
+
+    listeners = [silent_listener(), silent_listener()]
+    try:
+        hosts = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in listeners)
+        cog.configure(
+            REDIS_URL=f"redis+sentinel://{hosts}/mymaster",
+            SENTINEL_OPTIONS={"socket_timeout": 30},
+            ENQUEUE_ON_COMMIT=False,
+        )
+        reset()
+        began = time.monotonic()
+        with pytest.raises(RedisUnavailable, match="no sentinel named a master"):
+            jobs.record.delay("nowhere")
+        elapsed = time.monotonic() - began
+        # Both were waited for (each its share), and no longer than the bound.
+        assert SENTINEL_DISCOVERY_TIMEOUT_S * 0.9 < elapsed < SENTINEL_DISCOVERY_TIMEOUT_S + 1.0, elapsed
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def test_a_worker_on_a_cluster_url_waits_while_no_node_answers_then_works(cog, tmp_path):
+    """As for every other URL form, not an exit (a restart loop of pods after
+    a cluster restart): the worker logs that it waits, keeps running, and
+    works once the cluster is up."""
+    import json
+    import signal
+
+    from tests.topology import ClusterGroup
+
+    cluster = ClusterGroup(tmp_path / "cluster")  # its ports chosen, nothing started yet
+    url, namespace = cluster.url(), "{" + cog.namespace + "}"
+    worker = cog.start_worker(REDIS_URL=url, NAMESPACE=namespace, env={"COGWORKER_REDIS_URL": url})
+    try:
+        wait_for(
+            lambda: "waits for Redis at redis+cluster://" in worker.log() or not worker.alive(), 30, "a wait"
+        )
+        assert worker.alive(), worker.log()
+        assert "RedisClusterException" in worker.log() and "Traceback" not in worker.log()
+        cluster.start()
+        with cluster.client() as client:
+            cog.configure(REDIS_URL=url, NAMESPACE=namespace, ENQUEUE_ON_COMMIT=False)
+            reset()
+            jid = jobs.record.delay("after the cluster came up")
+            ran = wait_for(lambda: client.lrange(f"{namespace}:test:runs", 0, -1), 60, "the job to run")
+            assert [json.loads(r)["jid"] for r in ran] == [jid]
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.log()
+    finally:
+        if worker.alive():
+            worker.proc.kill()
+        cluster.stop()
+
+
+def test_refused_sentinels_fail_an_async_client_at_once_in_one_line(settings):
+    import asyncio
+
+    import redis.asyncio.sentinel
+
+    from django_cogworker.conf import get_config
+    from django_cogworker.connection import aclose, build
+
+    port = free_port()
+    settings.COGWORKER = {"REDIS_URL": f"redis+sentinel://:hidden-pw@127.0.0.1:{port}/orders"}
+
+    async def ping() -> None:
+        client = build(get_config(), async_client=True)
+        try:
+            await client.ping()
+        finally:
+            await aclose(client)
+
+    began = time.monotonic()
+    with pytest.raises(redis.asyncio.sentinel.MasterNotFoundError) as raised:
+        asyncio.run(ping())
+    assert time.monotonic() - began < 1.0
+    assert str(raised.value) == (
+        f"no sentinel named a master for 'orders' (asked 127.0.0.1:{port}, each once, "
+        f"within {SENTINEL_DISCOVERY_TIMEOUT_S:g}s)"
+    )

@@ -255,6 +255,10 @@ def test_sessions(cog, db, who, status):
         (None, "Bearer ", 403),
         ("", "Bearer ", 403),  # an empty token (E027) matches nothing, not an empty header
         ("", "Bearer", 403),
+        # Read from a file with its newline: stripped, as the header's credentials are.
+        (f"{TOKEN}\n", f"Bearer {TOKEN}", 200),
+        (f"  {TOKEN}\t", f"Bearer {TOKEN}", 200),
+        (" \n", "Bearer ", 403),  # only whitespace (E027): no token at all
     ],
 )
 def test_bearer_tokens(cog, configured, header, status):

@@ -15,8 +15,6 @@ imports this package); by topic, each a function of the merged values:
 
 from __future__ import annotations
 
-import difflib
-
 # Kept on the package: tests hide the embedded extra through
 # ``checks.importlib.util.find_spec``, as when the checks were one module.
 import importlib.util  # noqa: F401
@@ -26,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, register
 
-from django_cogworker.checks.base import error
+from django_cogworker.checks.base import did_you_mean, error
 from django_cogworker.checks.connection import check_connection
 from django_cogworker.checks.numbers import check_intervals, check_numbers
 from django_cogworker.checks.paths import check_dotted_paths
@@ -58,11 +56,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         ]
     errors: list[CheckMessage] = []
     for key in sorted(set(raw) - set(DEFAULTS), key=str):
-        close = difflib.get_close_matches(str(key), list(DEFAULTS), n=1)
         errors.append(
             error(
-                f"COGWORKER[{key!r}] is not a known setting"
-                + (f"; did you mean {close[0]!r}?" if close else "."),
+                f"COGWORKER[{key!r}] is not a known setting{did_you_mean(key, DEFAULTS)}",
                 f"Known keys: {', '.join(sorted(DEFAULTS))}.",
                 "cogworker.E002",
             )

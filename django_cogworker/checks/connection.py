@@ -1,6 +1,6 @@
 """Checks of how ``COGWORKER`` reaches Redis: the URL and the embedded server
 (E008, E009, E021), the cache alias (E010), redis-py's and the sentinels'
-options (E011, E025), the key namespace (E012, and its hash tag on a
+options (E011, E025: :mod:`.options`), the key namespace (E012, and its hash tag on a
 Cluster: E024), the wait of confirmed enqueue (E026) and the bearer token
 of the metrics view (E027). A URL in a message is shown with its password
 masked; a token never is shown."""
@@ -15,6 +15,7 @@ from django.core.checks import CheckMessage
 
 from django_cogworker import redis_url
 from django_cogworker.checks.base import NUMBER, error
+from django_cogworker.checks.options import check_options
 
 
 def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
@@ -50,15 +51,9 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E010",
             )
         )
-    if not isinstance(values["REDIS_OPTIONS"], dict):
-        errors.append(
-            error(
-                "COGWORKER['REDIS_OPTIONS'] must be a dict of redis-py keyword arguments, "
-                f"got {values['REDIS_OPTIONS']!r}.",
-                "For example {'socket_timeout': 5}.",
-                "cogworker.E011",
-            )
-        )
+    errors += check_options(
+        "REDIS_OPTIONS", values["REDIS_OPTIONS"], "cogworker.E011", "", "{'socket_timeout': 5}"
+    )
     directory = values["EMBEDDED_DIR"]
     if directory is not None and (not isinstance(directory, str) or not directory):
         errors.append(
@@ -87,15 +82,13 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E024",
             )
         )
-    if not isinstance(values["SENTINEL_OPTIONS"], dict):
-        errors.append(
-            error(
-                "COGWORKER['SENTINEL_OPTIONS'] must be a dict of redis-py keyword arguments for the "
-                f"connections to the sentinels, got {values['SENTINEL_OPTIONS']!r}.",
-                "For example {'password': '...', 'socket_timeout': 1}.",
-                "cogworker.E025",
-            )
-        )
+    errors += check_options(
+        "SENTINEL_OPTIONS",
+        values["SENTINEL_OPTIONS"],
+        "cogworker.E025",
+        " for the connections to the sentinels",
+        "{'password': '...', 'socket_timeout': 1}",
+    )
     # Their types are checked with the other numbers (E003, E005); here,
     # how the wait fits the connection's timeout.
     replicas, timeout = values["ENQUEUE_WAIT_REPLICAS"], values["ENQUEUE_WAIT_TIMEOUT"]
@@ -119,12 +112,19 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
             )
         )
     token = values["METRICS_TOKEN"]
-    if token is not None and (not isinstance(token, str) or not token):
+    # Surrounding whitespace is stripped (conf.py), as the bearer's is: a
+    # token read from a file with its newline still matches.
+    if token is not None and (not isinstance(token, str) or not token.strip()):
         # The value is a secret: its type is shown, never the value.
+        if token == "":
+            got = "an empty string."
+        elif isinstance(token, str):
+            got = "a string of whitespace only."
+        else:
+            got = f"a value of type {type(token).__name__}."
         errors.append(
             error(
-                "COGWORKER['METRICS_TOKEN'] must be a non-empty string or None, got "
-                + ("an empty string." if token == "" else f"a value of type {type(token).__name__}."),
+                "COGWORKER['METRICS_TOKEN'] must be a non-empty string or None, got " + got,
                 "Set it to a long random string (secrets.token_urlsafe(32)), "
                 "or to None to let only staff sessions read the metrics view.",
                 "cogworker.E027",

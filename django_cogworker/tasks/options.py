@@ -9,7 +9,6 @@ error there would hide the check's message.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 from collections.abc import Callable, Mapping
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
+from django_cogworker.checks.base import did_you_mean
 from django_cogworker.conf import DEFAULT_QUEUE
 
 RetryIn = Callable[[int, BaseException], float | int | None]
@@ -159,11 +159,9 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
         )
         return TaskOptions(), problems
     for key in sorted(set(raw) - set(KNOWN), key=str):
-        close = difflib.get_close_matches(str(key), KNOWN, n=1)
         problems.append(
             Problem(
-                f"{where}['OPTIONS'][{key!r}] is not a known option"
-                + (f"; did you mean {close[0]!r}?" if close else "."),
+                f"{where}['OPTIONS'][{key!r}] is not a known option{did_you_mean(key, KNOWN)}",
                 f"Known options: {', '.join(KNOWN)}.",
                 "cogworker.tasks.E001",
             )

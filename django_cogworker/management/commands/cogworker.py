@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_cogworker import affinity, logs
+from django_cogworker import affinity, connection, logs
 from django_cogworker.conf import get_config, parse_queue, queue_list_problems
 from django_cogworker.errors import RedisAccessRefused
 from django_cogworker.fetch import STRATEGIES
@@ -85,6 +87,22 @@ class Command(BaseCommand):
             out.append(arg)
         return out
 
+    @staticmethod
+    def wait_for_redis() -> bool:
+        """The client made before the worker starts (a Cluster client needs a
+        node that answers): SIGTERM or SIGINT meanwhile stops the wait, and
+        the process exits 0 as a stopped worker does."""
+        stop = threading.Event()
+        names = (signal.SIGTERM, signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread():
+            return connection.wait_for_client(stop)  # only the main thread takes signals
+        before = {n: signal.signal(n, lambda *_: stop.set()) for n in names}
+        try:
+            return connection.wait_for_client(stop)
+        finally:
+            for name, handler in before.items():
+                signal.signal(name, handler)
+
     def run_one(self, options: dict[str, Any]) -> None:
         from django_cogworker.launcher import Launcher
 
@@ -106,6 +124,8 @@ class Command(BaseCommand):
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         affinity.apply(config.cpu_affinity)  # before the worker starts its threads
+        if not self.wait_for_redis():
+            return
         launcher = Launcher(
             config,
             queues=queues,

@@ -1,0 +1,99 @@
+"""The client of a ``redis+sentinel://`` URL: the master of a service,
+found through the sentinels (SPEC section 11, G15).
+
+Duties: give the connections to the sentinels their options
+(``SENTINEL_OPTIONS`` over the ``socket_*`` ones of ``REDIS_OPTIONS``), and
+bound one discovery of the master, however many sentinels fail to answer,
+by :data:`SENTINEL_DISCOVERY_TIMEOUT_S`, its failure said in one line that
+names the sentinels asked. :mod:`django_cogworker.connection` makes the
+client here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.retry
+import redis.sentinel
+from redis.backoff import NoBackoff
+
+from django_cogworker import redis_url
+
+#: Timeouts of the connections to the sentinels when SENTINEL_OPTIONS sets
+#: none: a sentinel that does not answer must not hold up the discovery of
+#: the master through the others.
+SENTINEL_SOCKET_TIMEOUT_S = 2.0
+
+#: The longest one discovery of the master may take, asking each sentinel
+#: in turn, once: each sentinel's timeouts are cut to its share of it, and
+#: redis-py's retries of a sentinel connection (seconds of backoff each) are
+#: off unless SENTINEL_OPTIONS sets ``retry``. Within the probe timeout of
+#: ``cogworker_status``, and what ``.delay()`` waits at most before
+#: RedisUnavailable when no sentinel answers.
+SENTINEL_DISCOVERY_TIMEOUT_S = 4.0
+
+
+def master(
+    target: redis_url.Target,
+    options: dict[str, Any],
+    sentinel_options: dict[str, Any],
+    credentials: dict[str, Any],
+    async_client: bool,
+) -> Any:
+    """The master of ``target.service``, found through the sentinels. redis-py's
+    Sentinel pool asks the sentinels again after a connection error and
+    turns a READONLY reply of a demoted master into one, so a failover is
+    an outage of a few seconds for every caller, not a wrong answer."""
+    sentinel_kwargs = redis_url.Options(
+        {
+            "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+            **{k: v for k, v in options.items() if k.startswith("socket_")},
+            "retry": (redis.asyncio.retry.Retry if async_client else redis.retry.Retry)(NoBackoff(), 0),
+            **sentinel_options,
+        }
+    )
+    share_s = SENTINEL_DISCOVERY_TIMEOUT_S / len(target.hosts)
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        given = sentinel_kwargs.get(name)
+        sentinel_kwargs[name] = share_s if given is None else min(given, share_s)
+    cls = redis.asyncio.Redis if async_client else redis.Redis
+    manager: Any = (_AsyncSentinel if async_client else _Sentinel)(
+        list(target.hosts),
+        sentinel_kwargs=sentinel_kwargs,
+        **{**options, **credentials, "db": target.db},
+    )
+    return manager.master_for(target.service, redis_class=cls)
+
+
+def _no_master(sentinels: list[Any], service: str) -> str:
+    """One line for redis-py's MasterNotFoundError, whose text holds the
+    repr of every sentinel client (3 KB for three): the sentinels asked."""
+    kwargs = [s.connection_pool.connection_kwargs for s in sentinels]
+    asked = ", ".join(f"{k.get('host')}:{k.get('port')}" for k in kwargs)
+    return (
+        f"no sentinel named a master for {service!r} (asked {asked}, each once, "
+        f"within {SENTINEL_DISCOVERY_TIMEOUT_S:g}s)"
+    )
+
+
+class _Sentinel(redis.sentinel.Sentinel):
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)
+        except redis.sentinel.MasterNotFoundError:
+            raise redis.sentinel.MasterNotFoundError(_no_master(self.sentinels, service_name)) from None
+
+
+class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        except redis.asyncio.sentinel.MasterNotFoundError:
+            raise redis.asyncio.sentinel.MasterNotFoundError(
+                _no_master(self.sentinels, service_name)
+            ) from None
