@@ -53,6 +53,7 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         queues=queue_rows(model_admin, listed),
         refresh_choices=REFRESH_CHOICES_S,
     )
+    ctx["persistence_note"] = api.persistence_note()
     ctx["process_rows"] = process_rows(ctx["processes"])
     ctx["busy"] = sum(p.busy for p in ctx["processes"])
     ctx["threads"] = sum(p.concurrency for p in ctx["processes"])
