@@ -74,7 +74,8 @@ def not_registered_message(name: str) -> str:
         where = (
             f"Its name points to the module {module!r}, which the worker does not import: it imports "
             f"only the {modules} of each installed app (and what those import). Move the job into its "
-            f"app's {modules.split(' and ')[0]}, or import it from there; then restart the worker"
+            f"app's {modules.split(' and ')[0]}, or import it from there; then restart the worker (in "
+            "development, run it with --reload)"
         )
     else:
         where = (

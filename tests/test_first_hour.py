@@ -182,7 +182,10 @@ def test_not_registered_names_the_module_that_is_never_imported(cog, tmp_path, m
         "the module 'newcomershop.background', which the worker does not import: it imports only the "
         "jobs.py"
     ), message
-    assert "Move the job into its app's jobs.py, or import it from there; then restart the worker" in message
+    assert (
+        "Move the job into its app's jobs.py, or import it from there; then restart the worker (in "
+        "development, run it with --reload), and retry this job from the Dead page of the admin." in message
+    ), message
     assert message.endswith("The worker's start line at -v 2 lists the jobs it registered.")
     assert not marker.exists() and "newcomershop.background" not in sys.modules
 
