@@ -167,7 +167,9 @@ def _result(outcome: Outcome, exc: BaseException) -> middleware.Result:
 
 def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took_s: float) -> Outcome:
     """The outcome of a failed run, and its one WARNING line: the job, its
-    jid, the exception's class and message, what happens next."""
+    jid, the exception's class and message, what happens next. The
+    traceback, for the console, follows the last attempt's line; a retry's
+    goes in a line of its own at INFO (``-v 0`` leaves it out)."""
     now = time.time()
     failed = retry.with_failure(payload, exc, now, took_s)
     count = failed["retry_count"]
@@ -178,6 +180,7 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
     if count < retry.max_retries(failed, config.default_retry):
         delay = retry.backoff_s(count, exc, job)
         logger.warning("jid=%s %s %s; retry %d in %.1fs", jid, failed["job"], what, count + 1, delay)
+        logger.info("jid=%s %s traceback of attempt %d:", jid, failed["job"], count + 1, exc_info=exc)
         return Outcome(RETRY, failed, now + delay, failed=True, jid=jid, ran=ran)
     if job.on_exhausted is not None:
         try:
@@ -185,9 +188,17 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
         except Exception:
             logger.exception("on_exhausted of job %s failed", failed["job"])
     if failed.get("dead", True) is False:
-        logger.warning("jid=%s %s %s; exhausted its retries; dropped (dead=False)", jid, failed["job"], what)
+        logger.warning(
+            "jid=%s %s %s; exhausted its retries; dropped (dead=False)",
+            jid,
+            failed["job"],
+            what,
+            exc_info=exc,
+        )
         return Outcome(ACK, failed=True, jid=jid, ran=ran)
-    logger.warning("jid=%s %s %s; exhausted its retries; moved to dead", jid, failed["job"], what)
+    logger.warning(
+        "jid=%s %s %s; exhausted its retries; moved to dead", jid, failed["job"], what, exc_info=exc
+    )
     return Outcome(DEAD, failed, now, failed=True, jid=jid, ran=ran)
 
 

@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django_cogworker import connection, metrics, middleware, stats, threads
+from django_cogworker import connection, metrics, middleware, persistence, registry, stats, threads
 from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.errors import RedisAccessRefused, refusal_at_boot, without_redis_frames
 from django_cogworker.heartbeat import Heartbeat
@@ -91,14 +91,17 @@ class Launcher:
         # Under --processes: stop as on SIGTERM once the supervisor is gone,
         # even SIGKILLed, instead of working on beside its successor (G20).
         watch_supervisor(lambda: self.signals.put("stop"), self.thread_crashed)
+        registered = registry.names()
         logger.info(
-            "cogworker %s starting: queues %s, concurrency %d, fetch %s, redis %s",
+            "cogworker %s starting: queues %s, %d jobs registered, concurrency %d, fetch %s, redis %s",
             self.identity,
             ",".join(q.name for q in self.manager.queues),
+            len(registered),
             self.manager.concurrency,
             self.manager.fetch_mode,  # --fetch may override the setting
             connection.describe(self.config),  # never the password
         )
+        logger.debug("cogworker %s jobs registered: %s", self.identity, ", ".join(registered) or "none")
         c = self.config
         logger.debug(
             "cogworker %s timings: heartbeat every %gs (ttl %gs), orphan threshold %gs, orphan check "
@@ -118,6 +121,8 @@ class Launcher:
         middleware.server_chain()
         if not self.first_beat():
             return
+        if persistence.keeps_nothing(self.manager.client):
+            logger.warning("%s", persistence.NOTE)
         self.manager.start()
         self.background = [
             threads.start("cogworker-heartbeat", self.heartbeat.run, self.thread_crashed),

@@ -5,7 +5,9 @@ Every line goes through the logger ``django_cogworker``. Two duties:
 - :class:`OneLine` keeps a value read from Redis (a jid, a job name, an
   error message) from forging log lines: control characters in a record's
   arguments are written escaped, so a jid containing a newline stays on its
-  line. It sits on the logger, so it applies whatever handlers the project
+  line; a traceback (a failed job's, whose message may quote its
+  arguments) is written indented under its record, each line escaped. It
+  sits on the logger, so it applies whatever handlers the project
   configures.
 - :func:`configure` gives ``manage.py cogworker`` a handler on stderr when
   the project configures none for ``django_cogworker`` (nor for the root
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import traceback
 from typing import Any
 
 LOGGER_NAME = "django_cogworker"
@@ -38,6 +41,9 @@ TASKS_LOGGERS = ("django.tasks", "django_tasks")
 #: ``-v`` -> their level in a worker: a step quieter than the worker's own
 #: lines, which already say when a task finished or failed.
 TASKS_VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+
+#: What starts each line of a traceback in the log.
+TRACEBACK_INDENT = "    "
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
 
@@ -61,10 +67,14 @@ def _safe(value: Any) -> Any:
 
 class OneLine(logging.Filter):
     """Escapes the control characters of a record's arguments. The format
-    string is ours (a thread dump's newlines stay); tracebacks are
-    ``exc_info``, formatted by the handler, untouched."""
+    string is ours (a thread dump's newlines stay). A traceback is
+    formatted here, every line indented and escaped, so no line of it can
+    pass for a record of its own; handlers use it as formatted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+            text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+            record.exc_text = "\n".join(TRACEBACK_INDENT + one_line(line) for line in text.splitlines())
         args = record.args
         if isinstance(args, tuple):
             record.args = tuple(_safe(a) for a in args)

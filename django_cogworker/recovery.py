@@ -120,7 +120,7 @@ class Recovery:
         elif report["requeued"] or report["parked"] or report["errors"]:
             logger.warning("%s", describe(report))
         else:
-            logger.info("%s", describe(report))
+            logger.debug("%s", describe(report))  # nothing found: every minute at INFO was noise
         return report
 
     def save_report(self, report: dict[str, Any]) -> None:

@@ -66,12 +66,26 @@ def not_registered_message(name: str) -> str:
         message = explainer(name)
         if message is not None:
             return message
-    modules = " or ".join(f"{m}.py" for m in sorted(_modules))
+    imported = [m for m, when in _modules.items() if when is None or when()]
+    modules = " and ".join(f"{m}.py" for m in sorted(imported))
+    # The module is read off the name, never imported (payloads are untrusted).
+    module, dot, _ = name.rpartition(".")
+    if dot and module.rpartition(".")[2] not in imported:
+        where = (
+            f"Its name points to the module {module!r}, which the worker does not import: it imports "
+            f"only the {modules} of each installed app (and what those import). Move the job into its "
+            f"app's {modules.split(' and ')[0]}, or import it from there; then restart the worker (in "
+            "development, run it with --reload)"
+        )
+    else:
+        where = (
+            f"The worker imports the {modules} of each installed app at start, and found no @job of "
+            "that name there. If the job was added or renamed since, restart the worker (in "
+            "development, run it with --reload)"
+        )
     return (
-        f"job {name!r} is not registered in this worker: no @job with that name was found in the "
-        f"{modules} of any installed app when the worker started. If the job was added or renamed "
-        "since, restart the worker (in development, run it with --reload), then retry this job from the "
-        "Dead page of the admin."
+        f"job {name!r} is not registered in this worker. {where}, and retry this job from the Dead page "
+        "of the admin. The worker's start line at -v 2 lists the jobs it registered."
     )
 
 

@@ -61,6 +61,7 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     largest = sorted(listed, key=lambda q: (-sizes.get(q.name, 0), q.name))[:DASHBOARD_QUEUES]
     ctx["queues"] = queue_rows(model_admin, largest)
     ctx["queue_count"] = len(listed)
+    ctx["persistence_note"] = api.persistence_note()
     ctx["process_rows"] = process_rows(ctx["processes"])
     ctx["busy"] = sum(p.busy for p in ctx["processes"])
     ctx["threads"] = sum(p.concurrency for p in ctx["processes"])

@@ -22,6 +22,8 @@ One module per role:
 - ``stats``: ``Stats`` and its daily history;
 - ``periodic``: ``PeriodicEntries``;
 - ``metrics``: the per-job figures, and ``mark_deploy()``;
+- ``persistence_note()``: what to say when Redis keeps nothing on disk
+  (:mod:`django_cogworker.persistence`);
 - ``parsing``: reading untrusted entries and fields, and the byte-level
   prefilters of the sets' search.
 """
@@ -35,6 +37,7 @@ from django_cogworker.api.queues import Queue, QueueFigures, queue_figures
 from django_cogworker.api.records import ACTIONS, BULK_BATCH_SIZE, PAGE_SIZE, JobRecord, bulk, job_names
 from django_cogworker.api.sets import DeadSet, JobSet, RetrySet, ScheduledSet, SortedSet, UnsettledSet
 from django_cogworker.api.stats import Stats
+from django_cogworker.persistence import note as persistence_note
 
 __all__ = [
     "ACTIONS",
@@ -62,5 +65,6 @@ __all__ = [
     "deploy_marks",
     "job_names",
     "mark_deploy",
+    "persistence_note",
     "queue_figures",
 ]

@@ -11,6 +11,9 @@ imports this package); by topic, each a function of the merged values:
   E028);
 - :mod:`.paths`: ``MIDDLEWARE`` and ``ERROR_HANDLERS`` (E017-E019);
 - :mod:`.periodic`: ``PERIODIC`` (E020, E022, E023).
+
+Apart, since it reads the registered jobs too: W001, a queue that jobs or
+periodic entries push to but ``QUEUES`` does not list (:mod:`.queues`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from django_cogworker.checks.connection import check_connection
 from django_cogworker.checks.numbers import check_intervals, check_numbers
 from django_cogworker.checks.paths import check_dotted_paths
 from django_cogworker.checks.periodic import check_periodic
-from django_cogworker.checks.queues import check_queues_and_modes
+from django_cogworker.checks.queues import check_queues_and_modes, check_served_queues
 from django_cogworker.conf import DEFAULTS, merged
 
 #: The checks of the merged values, in the order their errors are listed.
@@ -41,6 +44,8 @@ CHECKS: list[Callable[[dict[str, Any]], list[CheckMessage]]] = [
     check_dotted_paths,
     check_periodic,
 ]
+
+register(check_served_queues, "cogworker")
 
 
 @register("cogworker")

@@ -1,18 +1,22 @@
 """Checks of what a worker fetches and how: ``QUEUES`` (E013, E014, the rule
 itself in :func:`django_cogworker.conf.queue_list_problems`), ``FETCH``
 (E015, the names of :data:`django_cogworker.fetch.STRATEGIES`),
-``ENQUEUE_ON_COMMIT`` (E016) and ``CPU_AFFINITY`` (E028)."""
+``ENQUEUE_ON_COMMIT`` (E016) and ``CPU_AFFINITY`` (E028); and the one
+warning (W001): a job or periodic entry whose queue ``QUEUES`` does not list,
+whose jobs a worker started without ``-q`` would never fetch."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage
+from django.core.checks import CheckMessage, Warning
 
+from django_cogworker import registry
 from django_cogworker.affinity import AUTO
 from django_cogworker.checks.base import error
-from django_cogworker.conf import QueueSpec, parse_queue, queue_list_problems
+from django_cogworker.conf import QueueSpec, get_config, parse_queue, queue_list_problems
 from django_cogworker.fetch import STRATEGIES
+from django_cogworker.periodic.entry import entry_queue, parse_setting
 
 
 def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
@@ -97,3 +101,40 @@ def cpu_affinity_valid(value: Any) -> bool:
         and bool(value)
         and all(isinstance(cpu, int) and not isinstance(cpu, bool) and cpu >= 0 for cpu in value)
     )
+
+
+def check_served_queues(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W001, one per queue: the ``@job`` functions and ``PERIODIC`` entries
+    that push to a queue ``QUEUES`` does not list. A warning, not an error:
+    a worker started with ``-q`` may serve it (then silence it)."""
+    try:
+        config = get_config()
+    except Exception:
+        return []  # the errors of check_settings say what is wrong
+    served = {q.name for q in config.queues}
+    users: dict[str, list[str]] = {}
+    for name in registry.names():
+        job = registry.get(name)
+        # A name with a colon is an extension's: the Tasks backend's
+        # "tasks:" jobs, whose queues cogworker.tasks.W001 checks.
+        if job is not None and ":" not in name and job.queue not in served:
+            users.setdefault(job.queue, []).append(f"@job {name}")
+    for i, value in enumerate(config.periodic):
+        try:
+            queue = entry_queue(parse_setting(value))
+        except (ValueError, TypeError, AttributeError):
+            continue  # E020 reports it
+        if queue not in served:
+            users.setdefault(queue, []).append(f"COGWORKER['PERIODIC'][{i}] ({value['job']})")
+    listed = ", ".join(repr(q.name) for q in config.queues)
+    return [
+        Warning(
+            f"The queue {queue!r} is not in COGWORKER['QUEUES'], so a worker started without -q never "
+            f"fetches it, and what is pushed there waits: {', '.join(who)}.",
+            hint=f"Add it: COGWORKER['QUEUES'] = [{listed}, {queue!r}]; or, if workers started with "
+            f"-q {queue} serve it, silence this check: SILENCED_SYSTEM_CHECKS = ['cogworker.W001'].",
+            obj="COGWORKER",
+            id="cogworker.W001",
+        )
+        for queue, who in sorted(users.items())
+    ]

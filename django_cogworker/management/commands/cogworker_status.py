@@ -2,7 +2,9 @@
 probes and scripts.
 
 Prints the live processes, the queues with their size and latency, and
-the scheduled/retry/dead/unsettled sizes. Exit status: 0 when at least
+the scheduled/retry/dead/unsettled sizes, and a warning when Redis keeps
+nothing on disk (``persistence_warning``; null when it does, or when it
+would not say). Exit status: 0 when at least
 one live process is registered, 1 when none is, 2 when Redis cannot be
 read (unreachable, or it refused: a wrong password, say). A liveness probe
 runs it as it is; a script reads ``--json``.
@@ -55,11 +57,13 @@ def snapshot() -> dict[str, Any]:
         "dead": stats.dead_size,
         "unsettled": stats.unsettled_size,
     }
-    return {"processes": processes, "queues": queues, **sizes}
+    return {"processes": processes, "queues": queues, **sizes, "persistence_warning": api.persistence_note()}
 
 
 def as_text(report: dict[str, Any]) -> str:
     lines = [f"Redis {report['redis']}"]
+    if report["persistence_warning"]:
+        lines.append(f"warning: {report['persistence_warning']}")
     processes = report["processes"]
     lines.append(f"processes: {len(processes)} live")
     for p in processes:
