@@ -162,11 +162,12 @@ class BasicFetch(Fetcher):
         if not queues:
             self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
+        sent = time.monotonic()
         got = self.client.brpop([self.keys.queue(q) for q in queues], timeout=BLOCKING_TIMEOUT_S)
         if got is None:
             return None
         key, raw = got
-        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw, time.monotonic())
+        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw, sent)
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         pass
@@ -241,18 +242,25 @@ class ReliableFetch(Fetcher):
 
     def fetch(self, queues: list[str], slots: Slots) -> list[UnitOfWork]:
         """One call for up to ``slots.count`` jobs (the first for the
-        caller), acknowledging the acks waiting."""
+        caller), acknowledging the acks waiting.
+
+        Each job is stamped with when its call was *sent* (G18): Redis moves
+        it onto our list as soon as it runs the call, but a process stopped
+        (or cut off) before it reads the reply reads it late, after the job
+        may have been recovered and run elsewhere. A reply that came back
+        soon costs nothing more; one that did not is checked before its job
+        starts (``Processor.still_ours``)."""
         k = self.keys
         try:
             acks = self.take_acks()
             if acks or len(queues) > 1 or not getattr(self._idle, "blocking", False):
+                sent = time.monotonic()
                 found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:
                     self.not_idle()
                     self._idle.blocking = False
                     queue = queues[int(found[0]) - 1]
-                    now = time.monotonic()
-                    return [UnitOfWork(queue, raw, now) for raw in found[1:]]
+                    return [UnitOfWork(queue, raw, sent) for raw in found[1:]]
                 if found or len(queues) > 1:
                     if found:
                         self.report_broken_queue(found[1])
@@ -260,6 +268,7 @@ class ReliableFetch(Fetcher):
                     self.idle_sleep()
                     return []
             self.ctx.ledger.shrink(slots, 1)
+            sent = time.monotonic()
             raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
         except redis.ResponseError as exc:
             if is_unavailable(exc):  # READONLY, MASTERDOWN...: an outage, not a broken queue
@@ -275,7 +284,7 @@ class ReliableFetch(Fetcher):
         # Idle with one queue: the next call blocks at once, without a script
         # call first (no polling), until a job comes.
         self._idle.blocking = raw is None
-        return [] if raw is None else [UnitOfWork(queues[0], raw, time.monotonic())]
+        return [] if raw is None else [UnitOfWork(queues[0], raw, sent)]
 
     def fetch_script(self, queues: list[str], acks: list[tuple[UnitOfWork, str]], want: int) -> Any:
         k = self.keys

@@ -160,10 +160,15 @@ class Processor:
         Meanwhile its owner may have been taken for dead and the job run
         elsewhere; starting it now would be a second run. When the list
         cannot be read, the job is not run either: if it is still there,
-        the stray check requeues it."""
+        the stray check requeues it. An answer that itself came back late is
+        asked for again: it may predate a recovery made while we were silent."""
         crew = self.crew
         try:
-            owned = crew.fetching.current().still_owned(work)
+            while True:
+                asked = time.monotonic()
+                owned = crew.fetching.current().still_owned(work)
+                if not owned or time.monotonic() - asked <= crew.revival_check_s:
+                    break
         except Exception as exc:
             if not crew.outage.failed(exc):
                 logger.error("could not check a job fetched long ago (%s); not starting it", exc)
