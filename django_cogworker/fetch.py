@@ -28,7 +28,7 @@ from django_cogworker.errors import UnsupportedServer, is_unavailable
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
-from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_one
+from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
 
 if TYPE_CHECKING:
@@ -139,8 +139,12 @@ class Fetcher:
         """Whether the job is still this process's to run (see ReliableFetch)."""
         return True
 
+    def orphanings(self, work: UnitOfWork) -> int | None:
+        """A recovered job's orphan count (G3; None: unreadable); 0 without a list."""
+        return 0
+
     def mark_suspect(self, work: UnitOfWork) -> None:
-        """Records, before it starts, the one recovered job this process
+        """Records, before it starts, the one isolated job this process
         runs (G3; see ReliableFetch). Nothing to record without a list."""
 
     def take_acks(self) -> list[tuple[UnitOfWork, str]]:
@@ -242,14 +246,9 @@ class ReliableFetch(Fetcher):
 
     def fetch(self, queues: list[str], slots: Slots) -> list[UnitOfWork]:
         """One call for up to ``slots.count`` jobs (the first for the
-        caller), acknowledging the acks waiting.
-
-        Each job is stamped with when its call was *sent* (G18): Redis moves
-        it onto our list as soon as it runs the call, but a process stopped
-        (or cut off) before it reads the reply reads it late, after the job
-        may have been recovered and run elsewhere. A reply that came back
-        soon costs nothing more; one that did not is checked before its job
-        starts (``Processor.still_ours``)."""
+        caller), acknowledging the acks waiting. Its jobs are stamped with
+        when it was *sent* (G18): a reply read late (its process stopped or
+        cut off) may bring jobs run elsewhere since: ``Processor.still_ours``."""
         k = self.keys
         try:
             acks = self.take_acks()
@@ -338,9 +337,12 @@ class ReliableFetch(Fetcher):
     def give_back(self, work: UnitOfWork) -> None:
         requeue_one(self.client, self.keys, self.inprogress, work.raw)
 
+    def orphanings(self, work: UnitOfWork) -> int | None:
+        return orphan_count(self.client.get(self.keys.orphanings(work.jid))) if work.jid else 0
+
     def mark_suspect(self, work: UnitOfWork) -> None:
         # If this process dies, recovery counts an orphaning only for this
-        # recovered job, not for one merely held beside it (G3).
+        # isolated job, not for one merely held beside it (G3).
         self.client.set(self.keys.suspect(self.ctx.identity), work.raw, ex=ORPHANINGS_TTL_S)
 
 

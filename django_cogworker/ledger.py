@@ -241,7 +241,8 @@ class Ledger:
             return self._running_raw + self.held
 
     def begin_suspect(self) -> bool:
-        """Claims the one slot for a job recovered from a dead process (G3)."""
+        """Claims the one slot for an isolated job: one recovered again from
+        a dead process (G3)."""
         with self.lock:
             if self._suspect:
                 return False
