@@ -32,6 +32,10 @@ logger = logging.getLogger("django_cogworker")
 
 OUTAGE_BACKOFF_MAX_S = 5.0
 
+#: How many times a thread asks whether a job fetched long ago is still
+#: ours when each answer itself comes back late (G18).
+OWNERSHIP_ASKS = 3
+
 #: Pause of a thread that handed back an isolated job because another one
 #: runs in this process.
 SUSPECT_RETRY_S = 0.2
@@ -179,14 +183,17 @@ class Processor:
         elsewhere; starting it now would be a second run. When the list
         cannot be read, the job is not run either: if it is still there,
         the stray check requeues it. An answer that itself came back late is
-        asked for again: it may predate a recovery made while we were silent."""
+        asked for again (it may predate a recovery made while we were
+        silent); late every time, the job is not started either."""
         crew = self.crew
         try:
-            while True:
+            for _ in range(OWNERSHIP_ASKS):
                 asked = time.monotonic()
                 owned = crew.fetching.current().still_owned(work)
                 if not owned or time.monotonic() - asked <= crew.revival_check_s:
                     break
+            else:
+                raise TimeoutError(f"{OWNERSHIP_ASKS} answers came back late")
         except Exception as exc:
             if not crew.outage.failed(exc):
                 logger.error("could not check a job fetched long ago (%s); not starting it", exc)

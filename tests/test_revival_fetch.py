@@ -16,6 +16,7 @@ import signal
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -165,3 +166,34 @@ def test_g18_a_fetch_reply_read_after_the_silence_is_not_started(
     assert [n["pid"] for n in cog.notes() if n["jid"] == jid] == [b.pid]
     assert leftovers(cog) == {}
     assert a.manager.running_counter() == Counter(), "A still holds the job it did not start"
+
+
+def test_g18_an_ownership_answer_read_after_a_silence_is_asked_for_again(
+    cog, in_process, monkeypatch, worker_log
+):
+    """The LPOS that checks a job fetched long ago said "ours", but its
+    answer is read only after a silence in which the job was recovered and
+    run elsewhere: the thread asks again, and drops the job."""
+    r, k = cog.redis, keys()
+    original_retrieve = ReliableFetch.retrieve
+
+    def retrieve(fetcher: ReliableFetch, done: Any = None) -> Any:
+        work = original_retrieve(fetcher, done)
+        if work is not None:
+            work.fetched_at -= 60  # as if its fetch had been sent long ago: checked before it starts
+        return work
+
+    monkeypatch.setattr(ReliableFetch, "retrieve", retrieve)
+    held = HeldThread(monkeypatch, ReliableFetch, "still_owned")
+    a = in_process(concurrency=1)
+    wait_for(lambda: r.hexists(k.last_beat, a.identity), 15, "A to beat")
+    jid = str(jobs.record.delay("ownership answer read late"))
+    assert held.fetched.wait(15), "A did not check the job"
+    b = cog.start_worker("-c", "1")
+    wait_for(lambda: runs(cog)[jid], 20, "B to recover and run the job")
+    held.release.set()  # A reads the answer "ours" now
+    wait_for(lambda: NOT_STARTED in worker_log.text or runs(cog)[jid] > 1, 10, "A to deal with the answer")
+    a.stop()
+    assert runs(cog) == Counter({jid: 1})
+    assert [n["pid"] for n in cog.notes() if n["jid"] == jid] == [b.pid]
+    assert leftovers(cog) == {}
