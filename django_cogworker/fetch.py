@@ -28,7 +28,7 @@ from django_cogworker.errors import UnsupportedServer, is_unavailable
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
-from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_one
+from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
 
 if TYPE_CHECKING:
@@ -139,8 +139,12 @@ class Fetcher:
         """Whether the job is still this process's to run (see ReliableFetch)."""
         return True
 
+    def orphanings(self, work: UnitOfWork) -> int | None:
+        """A recovered job's orphan count (G3; None: unreadable); 0 without a list."""
+        return 0
+
     def mark_suspect(self, work: UnitOfWork) -> None:
-        """Records, before it starts, the one recovered job this process
+        """Records, before it starts, the one isolated job this process
         runs (G3; see ReliableFetch). Nothing to record without a list."""
 
     def take_acks(self) -> list[tuple[UnitOfWork, str]]:
@@ -162,11 +166,12 @@ class BasicFetch(Fetcher):
         if not queues:
             self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
+        sent = time.monotonic()
         got = self.client.brpop([self.keys.queue(q) for q in queues], timeout=BLOCKING_TIMEOUT_S)
         if got is None:
             return None
         key, raw = got
-        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw, time.monotonic())
+        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw, sent)
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         pass
@@ -241,18 +246,20 @@ class ReliableFetch(Fetcher):
 
     def fetch(self, queues: list[str], slots: Slots) -> list[UnitOfWork]:
         """One call for up to ``slots.count`` jobs (the first for the
-        caller), acknowledging the acks waiting."""
+        caller), acknowledging the acks waiting. Its jobs are stamped with
+        when it was *sent* (G18): a reply read late (its process stopped or
+        cut off) may bring jobs run elsewhere since: ``Processor.still_ours``."""
         k = self.keys
         try:
             acks = self.take_acks()
             if acks or len(queues) > 1 or not getattr(self._idle, "blocking", False):
+                sent = time.monotonic()
                 found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:
                     self.not_idle()
                     self._idle.blocking = False
                     queue = queues[int(found[0]) - 1]
-                    now = time.monotonic()
-                    return [UnitOfWork(queue, raw, now) for raw in found[1:]]
+                    return [UnitOfWork(queue, raw, sent) for raw in found[1:]]
                 if found or len(queues) > 1:
                     if found:
                         self.report_broken_queue(found[1])
@@ -260,6 +267,7 @@ class ReliableFetch(Fetcher):
                     self.idle_sleep()
                     return []
             self.ctx.ledger.shrink(slots, 1)
+            sent = time.monotonic()
             raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
         except redis.ResponseError as exc:
             if is_unavailable(exc):  # READONLY, MASTERDOWN...: an outage, not a broken queue
@@ -275,7 +283,7 @@ class ReliableFetch(Fetcher):
         # Idle with one queue: the next call blocks at once, without a script
         # call first (no polling), until a job comes.
         self._idle.blocking = raw is None
-        return [] if raw is None else [UnitOfWork(queues[0], raw, time.monotonic())]
+        return [] if raw is None else [UnitOfWork(queues[0], raw, sent)]
 
     def fetch_script(self, queues: list[str], acks: list[tuple[UnitOfWork, str]], want: int) -> Any:
         k = self.keys
@@ -329,9 +337,12 @@ class ReliableFetch(Fetcher):
     def give_back(self, work: UnitOfWork) -> None:
         requeue_one(self.client, self.keys, self.inprogress, work.raw)
 
+    def orphanings(self, work: UnitOfWork) -> int | None:
+        return orphan_count(self.client.get(self.keys.orphanings(work.jid))) if work.jid else 0
+
     def mark_suspect(self, work: UnitOfWork) -> None:
         # If this process dies, recovery counts an orphaning only for this
-        # recovered job, not for one merely held beside it (G3).
+        # isolated job, not for one merely held beside it (G3).
         self.client.set(self.keys.suspect(self.ctx.identity), work.raw, ex=ORPHANINGS_TTL_S)
 
 

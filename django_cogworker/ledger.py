@@ -35,8 +35,10 @@ class UnitOfWork:
 
     queue: str
     raw: bytes
-    #: When the fetch that brought it returned (monotonic clock): a job not
-    #: started soon after is checked to be still ours first (G18).
+    #: When the fetch that brought it was sent (monotonic clock): a job not
+    #: started soon after is checked to be still ours first (G18). Not when
+    #: its reply was read: a process stopped with the fetch in flight reads
+    #: it only when it resumes.
     fetched_at: float = 0.0
     _payload: Payload | BadPayload | None = field(default=None, repr=False)
 
@@ -239,7 +241,8 @@ class Ledger:
             return self._running_raw + self.held
 
     def begin_suspect(self) -> bool:
-        """Claims the one slot for a job recovered from a dead process (G3)."""
+        """Claims the one slot for an isolated job: one recovered again from
+        a dead process (G3)."""
         with self.lock:
             if self._suspect:
                 return False

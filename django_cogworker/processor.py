@@ -2,9 +2,10 @@
 
 Duties: keep the ledger's record of what this thread runs (the only record
 strays are judged by, G7); start no job fetched so long ago that it may no
-longer be ours (G18); run one job recovered from a dead process at a time
-(G3); hand every outcome to the settler, which keeps it owed when Redis
-cannot take it, never to re-run (G6); survive any exception a job raises
+longer be ours (G18); run the jobs recovered again from dead processes one
+at a time, those recovered once beside the others (G3); hand every
+outcome to the settler, which keeps it owed when Redis cannot take it,
+never to re-run (G6); survive any exception a job raises
 (G14) and any Redis outage (back off, the outage logged once per process,
 and resume: SPEC section 8).
 """
@@ -24,13 +25,18 @@ from django_cogworker.errors import BadPayload, UnsupportedServer
 from django_cogworker.fetching import Fetching
 from django_cogworker.ledger import ACK, Ledger, UnitOfWork
 from django_cogworker.outage import Outage
+from django_cogworker.requeue import isolated
 from django_cogworker.settle import Settler
 
 logger = logging.getLogger("django_cogworker")
 
 OUTAGE_BACKOFF_MAX_S = 5.0
 
-#: Pause of a thread that handed back a recovered job because another one
+#: How many times a thread asks whether a job fetched long ago is still
+#: ours when each answer itself comes back late (G18).
+OWNERSHIP_ASKS = 3
+
+#: Pause of a thread that handed back an isolated job because another one
 #: runs in this process.
 SUSPECT_RETRY_S = 0.2
 
@@ -94,12 +100,14 @@ class Processor:
                 break
             if time.monotonic() - work.fetched_at > crew.revival_check_s and not self.still_ours(work):
                 continue
-            suspect = work.recovered
+            suspect = self.isolated(work) if work.recovered else False
+            if suspect is None:
+                continue
             if suspect and not crew.ledger.begin_suspect():
-                # G3: a job recovered from a dead process may be the poison
-                # pill that killed it. One at a time per process, so that
-                # when it kills this one too, no other suspect dies with it
-                # and gets counted as a poison pill in turn.
+                # G3: a job recovered again may be the poison pill that
+                # killed its processes. One such job at a time per process,
+                # so that when it kills this one too, no other job recovered
+                # as often dies with it and gets counted as a pill in turn.
                 crew.settler.give_back(work)
                 crew.quiet.wait(SUSPECT_RETRY_S * (0.5 + random.random()))
                 continue
@@ -141,18 +149,32 @@ class Processor:
         crew.ledger.finished(self.index, work, outcome.failed, outcome.ran)
         return None
 
+    def isolated(self, work: UnitOfWork) -> bool | None:
+        """G3: whether a recovered job runs isolated (recovered again, see
+        ``requeue.isolated``); None when its counter cannot be read: not
+        started then (given back, tried again later)."""
+        try:
+            count = self.crew.fetching.current().orphanings(work)
+        except Exception as exc:
+            self.not_now(work, "read the orphan count of a recovered job", exc)
+            return None
+        return isolated(count, self.crew.config.max_orphanings)
+
     def marked(self, work: UnitOfWork) -> bool:
-        """G3: the suspect recorded before it starts; unrecorded, it does
-        not start (given back, tried again later)."""
+        """G3: the isolated job recorded before it starts; unrecorded, it
+        does not start (given back, tried again later)."""
         try:
             self.crew.fetching.current().mark_suspect(work)
             return True
         except Exception as exc:
-            if not self.crew.outage.failed(exc):
-                logger.error("could not record a recovered job before its start (%s); not starting it", exc)
-            self.crew.settler.give_back(work)
-            self.back_off()
+            self.not_now(work, "record a recovered job before its start", exc)
             return False
+
+    def not_now(self, work: UnitOfWork, what: str, exc: Exception) -> None:
+        if not self.crew.outage.failed(exc):
+            logger.error("could not %s (%s); not starting it", what, exc)
+        self.crew.settler.give_back(work)
+        self.back_off()
 
     def still_ours(self, work: UnitOfWork) -> bool:
         """G18: a job fetched a long while ago (this process was stopped,
@@ -160,10 +182,18 @@ class Processor:
         Meanwhile its owner may have been taken for dead and the job run
         elsewhere; starting it now would be a second run. When the list
         cannot be read, the job is not run either: if it is still there,
-        the stray check requeues it."""
+        the stray check requeues it. An answer that itself came back late is
+        asked for again (it may predate a recovery made while we were
+        silent); late every time, the job is not started either."""
         crew = self.crew
         try:
-            owned = crew.fetching.current().still_owned(work)
+            for _ in range(OWNERSHIP_ASKS):
+                asked = time.monotonic()
+                owned = crew.fetching.current().still_owned(work)
+                if not owned or time.monotonic() - asked <= crew.revival_check_s:
+                    break
+            else:
+                raise TimeoutError(f"{OWNERSHIP_ASKS} answers came back late")
         except Exception as exc:
             if not crew.outage.failed(exc):
                 logger.error("could not check a job fetched long ago (%s); not starting it", exc)

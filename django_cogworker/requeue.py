@@ -28,6 +28,30 @@ PERIODIC_QUEUED_TTL_S = 3600
 #: How long an orphan counter lives (G3).
 ORPHANINGS_TTL_S = 7 * 24 * 3600
 
+#: A job recovered this many times (or MAX_ORPHANINGS times, if fewer) runs
+#: isolated: one such job at a time per process (G3). A job recovered fewer
+#: times runs beside the others, so that the jobs of a dead busy process
+#: come back in parallel; a poison pill is isolated from its second kill on,
+#: and kills no other isolated job after that.
+ISOLATE_FROM_ORPHANINGS = 2
+
+
+def orphan_count(value: bytes | None) -> int | None:
+    """A job's orphan counter as read from Redis: 0 when absent, None when
+    not a count (requeue.lua starts such a counter over)."""
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def isolated(count: int | None, max_orphanings: int) -> bool:
+    """Whether a recovered job with ``count`` counted orphanings runs
+    isolated (G3); an unreadable count is taken for the worst."""
+    return count is None or count >= max(1, min(ISOLATE_FROM_ORPHANINGS, max_orphanings))
+
 
 @dataclass(frozen=True)
 class Destination:
@@ -127,17 +151,10 @@ def requeue_list(
         PERIODIC_QUEUED_TTL_S,
     ]
     wheres = [destination(keys, raw) for raw in listed]
-    # G3: of the recovered jobs on a dead process's list, only the one it
-    # recorded before starting it (at most one runs at a time) may be what
-    # killed it; the others were only held beside it, and are spared ("s").
-    started = (
-        client.get(keys.suspect(identity))
-        if if_dead_for_s is not None and any(w.recovered for w in wheres)
-        else None
-    )
+    spared = _spared(client, keys, config, identity, listed, wheres) if if_dead_for_s is not None else set()
     for raw, where in zip(listed, wheres, strict=True):
         flags = "d" if raw in finished else "k" if raw in keep else ""
-        if where.recovered and raw != started:
+        if raw in spared:
             flags += "s"
         script_keys.append(where.queue_key)
         if where.counter_key:
@@ -151,3 +168,28 @@ def requeue_list(
         return 0, []
     reply = script("requeue")(client, script_keys, args)
     return int(reply[0]), list(reply[1:])
+
+
+def _spared(
+    client: Any, keys: Keys, config: Config, identity: str, listed: list[bytes], wheres: list[Destination]
+) -> set[bytes]:
+    """G3: of the isolated jobs on a dead process's list, only the one it
+    recorded before starting it (one runs at a time) may be what killed it;
+    the others were only held beside it, and are not counted again. Jobs
+    recovered fewer times ran in parallel, and are counted as fresh ones."""
+    recovered = [(raw, w.counter_key) for raw, w in zip(listed, wheres, strict=True) if w.recovered]
+    if not recovered:
+        return set()
+    pipe = client.pipeline(transaction=False)
+    pipe.get(keys.suspect(identity))
+    for _, counter_key in recovered:
+        if counter_key:
+            pipe.get(counter_key)
+    started, *counts = pipe.execute()
+    read = iter(counts)
+    spared = set()
+    for raw, counter_key in recovered:
+        count = orphan_count(next(read)) if counter_key else 0
+        if raw != started and isolated(count, config.max_orphanings):
+            spared.add(raw)
+    return spared

@@ -124,30 +124,32 @@ class Said(logging.Handler):
 
 
 class HeldThread:
-    """Holds the first thread that fetches a job between the fetch and the
-    job's start, and makes the heartbeat fail meanwhile: the process looks
-    dead to the others, as when it is stopped."""
+    """Holds the first thread whose call of ``owner.name`` brings something,
+    once the call has returned, and makes the heartbeat fail meanwhile: the
+    process looks dead to the others, as when it is stopped. By default the
+    call is a thread's retrieve: held between fetching a job and starting
+    it; a fetch command instead holds its reply unread."""
 
-    def __init__(self, monkeypatch: Any) -> None:
+    def __init__(self, monkeypatch: Any, owner: Any = ReliableFetch, name: str = "retrieve") -> None:
         self.fetched = threading.Event()
         self.release = threading.Event()
-        original_retrieve = ReliableFetch.retrieve
+        original_call = getattr(owner, name)
         original_beat = Heartbeat.beat
         held = self
 
-        def retrieve(fetcher: ReliableFetch, done: Any = None) -> Any:
-            work = original_retrieve(fetcher, done)
-            if work is not None and not held.fetched.is_set():
+        def call(*args: Any, **kwargs: Any) -> Any:
+            got = original_call(*args, **kwargs)
+            if got and not held.fetched.is_set():
                 held.fetched.set()
                 held.release.wait(30)
-            return work
+            return got
 
         def beat(heartbeat: Heartbeat) -> Any:
             if held.fetched.is_set() and not held.release.is_set():
                 raise redis.ConnectionError("this process is stopped")
             return original_beat(heartbeat)
 
-        monkeypatch.setattr(ReliableFetch, "retrieve", retrieve)
+        monkeypatch.setattr(owner, name, call)
         monkeypatch.setattr(Heartbeat, "beat", beat)
 
 

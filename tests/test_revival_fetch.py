@@ -1,0 +1,199 @@
+"""G18 for the jobs Redis hands a silent process: its threads' fetches were
+sent before it went silent, and their replies are read only once it is
+back. Meanwhile the jobs sat on its in-progress list, were recovered and ran
+elsewhere; the process must not start them a second time.
+
+Three ways to be silent: a real SIGSTOP while idle threads block in BLMOVE;
+a network cut (a proxy that stops forwarding, the connections left open)
+past ORPHAN_THRESHOLD; and, in the test process where the moment can be
+aimed, a thread held between sending a fetch and reading its reply while
+its heartbeat fails.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from django_cogworker.fetch import ReliableFetch
+from testproject.testapp import jobs
+from tests.conftest import CogEnv, Worker, wait_for
+from tests.proxy import PausableProxy
+from tests.test_guarantees import keys, leftovers, runs
+from tests.test_revival import HeldThread
+
+NOT_STARTED = "not starting a job fetched"
+
+
+def blocked_in_blmove(cog: CogEnv, name: str) -> int:
+    """Connections named ``name`` waiting in a BLMOVE on the server."""
+    clients = cog.redis.client_list()
+    return sum(1 for c in clients if c.get("name") == name and c["cmd"] == "blmove" and "b" in c["flags"])
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped: a SIGSTOP is delivered to
+    a thread running on another CPU a moment after ``kill()`` returns, and a
+    reply read in that moment is a job started before the stop."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            states.append(stat.read_text().rpartition(")")[2].split()[0])
+        except OSError:
+            continue  # a thread that just ended
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def hand_jobs_to_blocked_threads(cog: CogEnv, tag: str) -> list[str]:
+    """More jobs than all the blocked threads of the two workers: Redis hands
+    one to each thread still waiting, the silent worker's included."""
+    return [str(j) for j in jobs.record.delay_many([((f"{tag}-{i}",), {}) for i in range(12)])]
+
+
+def late_replies_dealt_with(cog: CogEnv, a: Worker, jids: list[str], dropped: int) -> Callable[[], bool]:
+    """True once the silent worker logged ``dropped`` fetched jobs as not
+    started, or once one of the jobs ran twice (the failure)."""
+
+    def check() -> bool:
+        ran = runs(cog)
+        return a.log().count(NOT_STARTED) >= dropped or any(ran[j] > 1 for j in jids)
+
+    return check
+
+
+def test_g18_jobs_handed_to_a_stopped_process_in_blmove_are_not_started_on_sigcont(cog):
+    """Several rounds: A's four idle threads wait in BLMOVE, A is stopped,
+    jobs come; Redis moves one into A's list per waiting thread; B recovers
+    them past the threshold and runs them; A is continued and reads the
+    replies of its fetches. Every job runs exactly once."""
+    cog.configure(CONCURRENCY=4)
+    r, k = cog.redis, keys()
+    a = cog.start_worker(REDIS_OPTIONS={"client_name": "stopped"})
+    b = cog.start_worker()
+    a_list = k.inprogress(a.identity())
+    b.identity()
+    landed_total, dropped, every = 0, 0, []
+    for round_ in range(3):
+        wait_for(lambda: blocked_in_blmove(cog, "stopped") == 4, 20, "A's four threads to wait in BLMOVE")
+        a.signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: all_threads_stopped(a.pid), 5, "A to be stopped")
+            jids = hand_jobs_to_blocked_threads(cog, f"round{round_}")
+            every += jids
+            landed = int(r.llen(a_list))
+            wait_for(
+                lambda: all(runs(cog)[j] for j in jids) and r.llen(a_list) == 0,  # noqa: B023
+                30,
+                "B to recover A's jobs and run every one",
+            )
+        finally:
+            a.signal(signal.SIGCONT)
+        landed_total += landed
+        dropped += landed
+        wait_for(late_replies_dealt_with(cog, a, jids, dropped), 15, "A to read its replies from the stop")
+        twice = [j for j in jids if runs(cog)[j] > 1]
+        assert not twice, f"round {round_}: {landed} jobs handed to A, these ran twice: {twice}"
+    print(f"\nG18, BLMOVE under SIGSTOP: {landed_total} jobs handed to the stopped process in 3 rounds")
+    assert landed_total >= 3, "few jobs reached the stopped process: the test proved little"
+    assert runs(cog) == Counter(dict.fromkeys(every, 1))
+    wait_for(lambda: leftovers(cog) == {}, 15, "nothing left")
+
+
+def test_g18_jobs_handed_to_a_cut_off_worker_are_not_started_when_the_network_heals(cog, own_redis):
+    """A's connections go through a proxy that stops forwarding both ways
+    (sockets open, as when packets are dropped) past ORPHAN_THRESHOLD: the
+    jobs Redis moved into A's list for its waiting BLMOVEs are recovered and
+    run by B; when the cut heals, A reads the replies and starts none."""
+    cog.configure(CONCURRENCY=4)
+    server = own_redis()
+    r, k = cog.redis, keys()
+    with PausableProxy(server.port) as proxy:
+        a = cog.start_worker(REDIS_URL=proxy.url, REDIS_OPTIONS={"client_name": "cut"})
+        b = cog.start_worker()
+        a_list = k.inprogress(a.identity())
+        b.identity()
+        wait_for(lambda: blocked_in_blmove(cog, "cut") == 4, 20, "A's four threads to wait in BLMOVE")
+        proxy.cut()
+        try:
+            jids = hand_jobs_to_blocked_threads(cog, "cut")
+            landed = int(r.llen(a_list))
+            wait_for(
+                lambda: all(runs(cog)[j] for j in jids) and r.llen(a_list) == 0,
+                30,
+                "B to recover A's jobs and run every one",
+            )
+        finally:
+            proxy.heal()
+        wait_for(late_replies_dealt_with(cog, a, jids, landed), 20, "A to read the replies held by the cut")
+        print(f"\nG18, BLMOVE across a network cut: {landed} jobs handed to the cut-off worker")
+        assert landed >= 1, "no job reached the cut-off worker: the test proved nothing"
+        assert runs(cog) == Counter(dict.fromkeys(jids, 1))
+        wait_for(lambda: leftovers(cog) == {}, 15, "nothing left")
+        for worker in (a, b):
+            worker.signal(signal.SIGTERM)
+        assert a.wait(15) == 0 and b.wait(15) == 0
+
+
+@pytest.mark.parametrize(
+    ("queues", "owner", "name"),
+    [(["default"], redis.Redis, "blmove"), (["default", "mail"], ReliableFetch, "fetch_script")],
+    ids=["blmove", "multi-queue-script"],
+)
+def test_g18_a_fetch_reply_read_after_the_silence_is_not_started(
+    cog, in_process, monkeypatch, worker_log, queues, owner, name
+):
+    r, k = cog.redis, keys()
+    cog.configure(QUEUES=queues, REDIS_OPTIONS={"client_name": "held"})
+    held = HeldThread(monkeypatch, owner, name)
+    a = in_process(concurrency=1)
+    wait_for(lambda: r.hexists(k.last_beat, a.identity), 15, "A to beat")
+    if name == "blmove":
+        wait_for(lambda: blocked_in_blmove(cog, "held") == 1, 15, "A's thread to wait in BLMOVE")
+    jid = str(jobs.record.delay("reply read late"))
+    assert held.fetched.wait(15), "A did not fetch the job"
+    b = cog.start_worker("-c", "1")
+    wait_for(lambda: runs(cog)[jid], 20, "B to recover and run the job")
+    held.release.set()  # A reads the reply now
+    wait_for(lambda: NOT_STARTED in worker_log.text or runs(cog)[jid] > 1, 10, "A to deal with the reply")
+    a.stop()
+    assert runs(cog) == Counter({jid: 1})
+    assert [n["pid"] for n in cog.notes() if n["jid"] == jid] == [b.pid]
+    assert leftovers(cog) == {}
+    assert a.manager.running_counter() == Counter(), "A still holds the job it did not start"
+
+
+def test_g18_an_ownership_answer_read_after_a_silence_is_asked_for_again(
+    cog, in_process, monkeypatch, worker_log
+):
+    """The LPOS that checks a job fetched long ago said "ours", but its
+    answer is read only after a silence in which the job was recovered and
+    run elsewhere: the thread asks again, and drops the job."""
+    r, k = cog.redis, keys()
+    original_retrieve = ReliableFetch.retrieve
+
+    def retrieve(fetcher: ReliableFetch, done: Any = None) -> Any:
+        work = original_retrieve(fetcher, done)
+        if work is not None:
+            work.fetched_at -= 60  # as if its fetch had been sent long ago: checked before it starts
+        return work
+
+    monkeypatch.setattr(ReliableFetch, "retrieve", retrieve)
+    held = HeldThread(monkeypatch, ReliableFetch, "still_owned")
+    a = in_process(concurrency=1)
+    wait_for(lambda: r.hexists(k.last_beat, a.identity), 15, "A to beat")
+    jid = str(jobs.record.delay("ownership answer read late"))
+    assert held.fetched.wait(15), "A did not check the job"
+    b = cog.start_worker("-c", "1")
+    wait_for(lambda: runs(cog)[jid], 20, "B to recover and run the job")
+    held.release.set()  # A reads the answer "ours" now
+    wait_for(lambda: NOT_STARTED in worker_log.text or runs(cog)[jid] > 1, 10, "A to deal with the answer")
+    a.stop()
+    assert runs(cog) == Counter({jid: 1})
+    assert [n["pid"] for n in cog.notes() if n["jid"] == jid] == [b.pid]
+    assert leftovers(cog) == {}
