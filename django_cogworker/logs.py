@@ -3,8 +3,10 @@
 Every line goes through the logger ``django_cogworker``. Two duties:
 
 - :class:`OneLine` keeps a value read from Redis (a jid, a job name, an
-  error message) from forging log lines: control characters in a record's
-  arguments are written escaped, so a jid containing a newline stays on its
+  error message) from forging or hiding log lines: what
+  ``escaping.one_line`` escapes (C0 and C1 controls, bidi overrides, lone
+  surrogates) is written escaped in a record's arguments, so a jid holding
+  a newline stays on its line, and a strict UTF-8 handler can write every
   line. It sits on the logger, so it applies whatever handlers the project
   configures.
 - :func:`configure` gives ``manage.py cogworker`` a handler on stderr when
@@ -17,9 +19,10 @@ Every line goes through the logger ``django_cogworker``. Two duties:
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from typing import Any
+
+from django_cogworker.escaping import one_line
 
 LOGGER_NAME = "django_cogworker"
 
@@ -30,15 +33,6 @@ VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: lo
 #: The default handler's format: one line per record, the pid first
 #: (several processes under --processes write to one terminal).
 DEFAULT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(message)s"
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
-
-
-def one_line(text: str) -> str:
-    """``text`` with its control characters escaped (``\\n``, ``\\x1b``...)."""
-    if not _CONTROL.search(text):
-        return text
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _safe(value: Any) -> Any:
@@ -52,9 +46,9 @@ def _safe(value: Any) -> Any:
 
 
 class OneLine(logging.Filter):
-    """Escapes the control characters of a record's arguments. The format
-    string is ours (a thread dump's newlines stay); tracebacks are
-    ``exc_info``, formatted by the handler, untouched."""
+    """Escapes what could forge or hide a line in a record's arguments.
+    The format string is ours (a thread dump's newlines stay); tracebacks
+    are ``exc_info``, formatted by the handler, untouched."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
