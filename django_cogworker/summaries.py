@@ -47,9 +47,9 @@ def summary(raw: bytes | str) -> dict[str, Any]:
     except BadPayload as exc:
         return _unreadable(raw, value if isinstance(value, dict) else {}, str(exc))
     about: dict[str, Any] = {
-        "jid": _field(payload.get("jid")),
-        "job": _field(payload["job"]),
-        "queue": _field(payload.get("queue")),
+        "jid": summary_field(payload.get("jid")),
+        "job": summary_field(payload["job"]),
+        "queue": summary_field(payload.get("queue")),
         "args_preview": args_preview(payload.get("args", []), payload.get("kwargs", {})),
     }
     retry_count = payload.get("retry_count")
@@ -61,9 +61,9 @@ def summary(raw: bytes | str) -> dict[str, Any]:
 def _unreadable(raw: bytes | str, found: dict[str, Any], why: str) -> dict[str, Any]:
     start = raw[: ARGS_PREVIEW_CHARS * 4]  # a character is at most 4 bytes of UTF-8
     return {
-        "jid": _field(found.get("jid")),
-        "job": _field(found.get("job")),
-        "queue": _field(found.get("queue")),
+        "jid": summary_field(found.get("jid")),
+        "job": summary_field(found.get("job")),
+        "queue": summary_field(found.get("queue")),
         "unreadable": why,
         "args_preview": _cut(text(start), ARGS_PREVIEW_CHARS, cut=len(start) < len(raw)),
     }
@@ -106,7 +106,8 @@ def _head(value: Any, budget: int) -> str:
     return "".join(chunks)
 
 
-def _field(value: Any) -> str:
+def summary_field(value: Any) -> str:
+    """A text field of a summary: cut at ``SUMMARY_FIELD_CHARS``, "" if not a str."""
     return _cut(value, SUMMARY_FIELD_CHARS) if isinstance(value, str) else ""
 
 
