@@ -179,6 +179,13 @@ def test_delay_accepts_a_lone_surrogate_escaped_and_the_job_receives_it(cog, cha
     assert all(n["tag"] == tag for n in cog.notes())
 
 
+@LONE
+def test_a_queue_named_with_a_lone_surrogate_is_refused_where_it_is_named(cog, char):
+    with pytest.raises(TypeError, match="holds a lone surrogate, which no Redis key can carry"):
+        jobs.record.set(queue=f"q{char}")
+    assert cog.redis.keys(cog.key("*")) == []
+
+
 # -- item 4: the admin ------------------------------------------------------------------
 
 
