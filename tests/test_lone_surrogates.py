@@ -248,8 +248,21 @@ def test_an_entry_with_a_lone_surrogate_is_shown_retried_killed_and_deleted(cog,
 
 
 @LONE
-def test_a_queued_entry_and_a_running_record_with_a_lone_surrogate_show(cog, superclient, char):
+def test_a_queued_entry_an_unsettled_one_and_a_running_record_with_a_lone_surrogate_show(
+    cog, superclient, char
+):
     k = get_keys()
+    # An unsettled record's payload is JSON text inside JSON: the surrogate
+    # reaches the str raw, escaped only in the record around it.
+    unsettled = stored(char, f"unsettled{char}")
+    unsettled["queue"] = "default"
+    inner = json.dumps(unsettled, ensure_ascii=False)
+    cog.redis.rpush(k.unsettled, json.dumps({"set": k.dead, "score": time.time(), "payload": inner}))
+    body = superclient.get(BASE + "unsettled/").content.decode()
+    [link] = re.findall(rf'href="({BASE}unsettled/job/[^"]+)"', body)
+    assert superclient.get(unescape(link)).status_code == 200
+    assert superclient.post(unescape(link) + "action/", {"action": "retry"}).status_code == 302
+    assert cog.redis.llen(k.unsettled) == 0 and cog.redis.llen(k.queue("default")) == 1
     queued = stored(char, f"queued{char}")
     queued["queue"] = "default"
     pushed(cog, queued)
