@@ -118,6 +118,30 @@ def test_g13_a_queue_name_with_a_lone_surrogate_takes_the_retry_to_that_queue_es
     assert "poller" not in worker.log() and "Traceback" not in worker.log()
 
 
+@LONE
+def test_g3_a_dead_process_job_with_a_lone_surrogate_in_its_jid_and_queue_is_recovered_once(cog, char):
+    k = get_keys()
+    identity = "host:9:dead"
+    payload = jobs.record.payload(("recovered",), {})
+    payload["jid"] = f"orphan{char}"
+    cog.redis.rpush(k.inprogress(identity), json.dumps(payload))
+    lost = jobs.record.payload(("elsewhere",), {})
+    lost.update(jid=f"lost{char}", queue=f"q{char}")
+    cog.redis.rpush(k.inprogress(identity), json.dumps(lost))
+    cog.redis.sadd(k.inprogress_identities, identity)
+    cog.redis.hset(k.last_beat, identity, time.time() - 3600)
+    worker = cog.start_worker()
+    wait_for(lambda: runs(cog, "recovered") == 1 and in_progress(cog) == 0, 20, "the recovered job's run")
+    name = "q\\u" + f"{ord(char):04x}"
+    [waiting] = api.Queue(name).page()  # the other one, back on its own queue
+    assert waiting.jid == lost["jid"]
+    # Its counter (G3) is kept under the jid as text, and the finished one's is gone.
+    assert [key.decode() for key in cog.redis.scan_iter(match=cog.key("orphanings:*"))] == [
+        k.orphanings("lost\\u" + f"{ord(char):04x}")
+    ]
+    assert runs(cog, "recovered") == 1 and "Traceback" not in worker.log()
+
+
 def test_g13_a_number_json_cannot_write_runs_as_its_retries_allow_and_is_filed_once(cog):
     payload = jobs.fail.payload(("huge",), {})
     payload["retry"] = 1
