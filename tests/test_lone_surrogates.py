@@ -210,6 +210,15 @@ def test_a_queue_named_with_a_lone_surrogate_is_refused_where_it_is_named(cog, c
     assert cog.redis.keys(cog.key("*")) == []
 
 
+def test_the_digests_of_arguments_with_a_lone_surrogate_are_taken_and_tell_them_apart():
+    from django_cogworker.periodic.entry import Entry
+
+    entries = [Entry("*/5 * * * *", jobs.record.name, (c,)) for c in ("\udcff", "\udcfe", "\ud83d")]
+    assert len({e.pjid for e in entries}) == 3
+    payloads = [jobs.record.set(unique_for=30).payload((c,), {}) for c in ("\udcff", "\udcfe")]
+    assert len({unique.digest(p) for p in payloads}) == 2
+
+
 # -- item 4: the admin ------------------------------------------------------------------
 
 
