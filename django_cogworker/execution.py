@@ -27,7 +27,7 @@ from django_cogworker import middleware, registry, retry
 from django_cogworker.conf import Config
 from django_cogworker.context import JobContext, reset_current, set_current
 from django_cogworker.errors import BadPayload, JobNotRegistered
-from django_cogworker.payload import Payload, decode, encode, salvage
+from django_cogworker.payload import Payload, decode, encode_stored, salvage
 
 if TYPE_CHECKING:
     from django_cogworker.job import Job
@@ -59,7 +59,7 @@ class Outcome:
 
     def encoded(self) -> bytes:
         assert self.payload is not None
-        return encode(self.payload)
+        return encode_stored(self.payload)
 
 
 def opened_connection(sender: Any, **kwargs: Any) -> None:
@@ -71,7 +71,7 @@ def _close_old_connections() -> None:
         close_old_connections()
 
 
-def dead_letter(raw: bytes, error: Exception, now: float) -> Outcome:
+def dead_letter(raw: bytes, error: BaseException, now: float) -> Outcome:
     """G13: a payload that cannot run, kept whole for a person to look at."""
     entry = salvage(raw)
     entry.update(

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from django_cogworker.connection import follow_master
 from django_cogworker.metrics import METRICS_TTL_S
-from django_cogworker.payload import summary
 from django_cogworker.scripts import script
 from django_cogworker.stats import DAILY_STATS_TTL_S, MINUTE_STATS_TTL_S, minute, stat_keys
+from django_cogworker.summaries import summary
 
 if TYPE_CHECKING:
     from django_cogworker.launcher import Launcher
@@ -130,7 +130,7 @@ class Heartbeat:
 
     def running_records(self) -> list[str | bytes]:
         """jid, record pairs of the jobs running now for ``N:workers``: a
-        bounded summary of each (``payload.summary``), never the payload
+        bounded summary of each (``summaries.summary``), never the payload
         itself, which a beat would otherwise send again and again."""
         summaries: dict[int, tuple[bytes, dict[str, Any]]] = {}
         jobs: list[str | bytes] = []

@@ -16,6 +16,7 @@ from typing import Any, Literal, overload
 
 from django_cogworker import client, registry
 from django_cogworker.conf import DEFAULT_QUEUE
+from django_cogworker.escaping import storable
 from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid, new_jids
 
 RetryIn = Callable[[int, BaseException], float | int | None]
@@ -43,6 +44,11 @@ class Job:
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str) or not self.queue:
             raise TypeError(f"job {self.name!r}: queue must be a non-empty string")
+        if storable(self.queue) != self.queue:
+            raise TypeError(
+                f"job {self.name!r}: queue {self.queue!r} holds a lone surrogate, which no Redis key can "
+                "carry; name the queue in text that UTF-8 can encode"
+            )
         if isinstance(self.retry, bool) or (isinstance(self.retry, int) and self.retry >= 0):
             pass
         else:

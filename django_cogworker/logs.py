@@ -3,8 +3,10 @@
 Every line goes through the logger ``django_cogworker``. Two duties:
 
 - :class:`OneLine` keeps a value read from Redis (a jid, a job name, an
-  error message) from forging log lines: control characters in a record's
-  arguments are written escaped, so a jid containing a newline stays on its
+  error message) from forging or hiding log lines: what
+  ``escaping.one_line`` escapes (C0 and C1 controls, bidi overrides, lone
+  surrogates) is written escaped in a record's arguments, so a jid holding
+  a newline stays on its line, and a strict UTF-8 handler can write every
   line; a traceback (a failed job's, whose message may quote its
   arguments) is written indented under its record, each line escaped. It
   sits on the logger, so it applies whatever handlers the project
@@ -19,10 +21,11 @@ Every line goes through the logger ``django_cogworker``. Two duties:
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import traceback
 from typing import Any
+
+from django_cogworker.escaping import one_line
 
 LOGGER_NAME = "django_cogworker"
 
@@ -45,15 +48,6 @@ TASKS_VERBOSITY_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO,
 #: What starts each line of a traceback in the log.
 TRACEBACK_INDENT = "    "
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
-
-
-def one_line(text: str) -> str:
-    """``text`` with its control characters escaped (``\\n``, ``\\x1b``...)."""
-    if not _CONTROL.search(text):
-        return text
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
 
 def _safe(value: Any) -> Any:
     if isinstance(value, str):
@@ -66,10 +60,10 @@ def _safe(value: Any) -> Any:
 
 
 class OneLine(logging.Filter):
-    """Escapes the control characters of a record's arguments. The format
-    string is ours (a thread dump's newlines stay). A traceback is
-    formatted here, every line indented and escaped, so no line of it can
-    pass for a record of its own; handlers use it as formatted."""
+    """Escapes what could forge or hide a line in a record's arguments.
+    The format string is ours (a thread dump's newlines stay). A traceback
+    is formatted here, every line indented and escaped, so no line of it
+    can pass for a record of its own; handlers use it as formatted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[0] is not None and not record.exc_text:

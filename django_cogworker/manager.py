@@ -24,7 +24,7 @@ from django_cogworker.fetch import FetchContext, Fetcher
 from django_cogworker.fetching import Fetching
 from django_cogworker.ledger import Ledger, Pending, UnitOfWork
 from django_cogworker.outage import Outage
-from django_cogworker.payload import encode
+from django_cogworker.payload import encode_stored
 from django_cogworker.processor import Crew, Processor
 from django_cogworker.settle import Settler
 
@@ -175,7 +175,7 @@ class Manager:
             jid = work.jid
             try:
                 filed = self.fetcher().file(
-                    work, self.keys.retry, time.time() + INTERRUPT_DELAY_S, encode(payload), jid, False
+                    work, self.keys.retry, time.time() + INTERRUPT_DELAY_S, encode_stored(payload), jid, False
                 )
             except Exception as exc:
                 logger.error("could not interrupt jid=%s (%s); it is requeued instead", jid, exc)

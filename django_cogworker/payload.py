@@ -8,17 +8,23 @@ JSON only, never pickle. A payload carries at least ``jid``, ``job``,
 Everything read from Redis is untrusted text: :func:`parse` is the one
 place it becomes Python values, and it fails only with :class:`BadPayload`
 (never RecursionError), so every reader can treat it as unreadable (G13).
+Whatever a str holds, :func:`encode` writes it: a lone surrogate (from a
+file name, or read from JSON's ``"\\udcff"``) as its JSON escape, which
+reads back the same (``escaping.utf8``). What was read is written back by
+:func:`encode_stored`, which never fails: a job whose filing failed would
+stay in progress, and be run again and again (G13).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import re
 import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django_cogworker.errors import BadPayload
+from django_cogworker.escaping import utf8
 
 Payload = dict[str, Any]
 
@@ -38,22 +44,9 @@ MAX_ARGUMENT_DEPTH = MAX_DEPTH - 2
 #: A jid is this many random bytes, in hex.
 JID_BYTES = 12
 
-#: Characters of a job's arguments kept in a :func:`summary` (what a
-#: heartbeat records for each running job; the busy page shows it).
-ARGS_PREVIEW_CHARS = 200
-
-#: Characters kept of each text field (jid, job name, queue) of a summary.
-SUMMARY_FIELD_CHARS = 200
-
-#: Ends a preview or field that was cut short.
-ELLIPSIS = "…"
-
 TOO_DEEP = f"nested too deeply to read (more than {MAX_DEPTH} levels of lists and objects)"
 
 _encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-
-# For people: whatever a payload holds (NaN included) can be shown.
-_preview_encoder = json.JSONEncoder(ensure_ascii=False, default=repr)
 
 
 def new_jid() -> str:
@@ -69,7 +62,32 @@ def new_jids(count: int) -> list[str]:
 
 
 def encode(payload: Payload) -> bytes:
-    return _encoder.encode(payload).encode()
+    """The payload as JSON in UTF-8, a lone surrogate as its escape. Raises
+    ValueError for a number JSON cannot write (``.delay()`` refuses those
+    first, naming the argument)."""
+    text = _encoder.encode(payload)
+    try:
+        return text.encode()  # utf8()'s first step, inline: .delay() pays no call more
+    except UnicodeEncodeError:
+        return utf8(text)
+
+
+# A string of JSON text, or a number JSON cannot write (as json.dumps writes it).
+_NON_FINITE = re.compile(r'"(?:[^"\\]|\\.)*"|-?Infinity|NaN')
+_AS_JSON = {"Infinity": "1e999", "-Infinity": "-1e999", "NaN": "null"}
+
+
+def encode_stored(payload: Payload) -> bytes:
+    """:func:`encode` for a payload that was read from Redis, which never
+    fails: ``1e999`` reads as inf (Python's json also reads ``Infinity``
+    and ``NaN``), and is written ``1e999`` again, which every JSON reader
+    reads as infinite; NaN, which JSON has no way to write, as null. What
+    :func:`parse` returns is never too deep to write (``MAX_DEPTH``)."""
+    try:
+        return encode(payload)
+    except ValueError:
+        loose = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+        return utf8(_NON_FINITE.sub(lambda m: _AS_JSON.get(m.group(0), m.group(0)), loose))
 
 
 #: The first keys of a payload that :func:`payload` builds, in order.
@@ -99,7 +117,11 @@ def encode_many(payloads: Iterable[Payload]) -> list[bytes]:
         args, kwargs = head[2][1], head[3][1]
         args_text = "[]" if type(args) is list and not args else _encoder.encode(args)
         kwargs_text = "{}" if type(kwargs) is dict and not kwargs else _encoder.encode(kwargs)
-        out.append(f'{{"jid":"{jid}","job":{job},"args":{args_text},"kwargs":{kwargs_text}{text}}}'.encode())
+        whole = f'{{"jid":"{jid}","job":{job},"args":{args_text},"kwargs":{kwargs_text}{text}}}'
+        try:
+            out.append(whole.encode())
+        except UnicodeEncodeError:
+            out.append(utf8(whole))
     return out
 
 
@@ -233,10 +255,10 @@ def decode(raw: bytes | str) -> Payload:
         value = parse(raw)
     except BadPayload as exc:
         raise BadPayload(f"payload is {exc}") from None
-    return _checked(value)
+    return checked(value)
 
 
-def _checked(value: Any) -> Payload:
+def checked(value: Any) -> Payload:
     if not isinstance(value, dict):
         raise BadPayload(f"payload is a JSON {type(value).__name__}, not an object")
     name = value.get("job")
@@ -269,91 +291,3 @@ def salvage(raw: bytes | str) -> Payload:
             salvaged["jid"] = new_jid()
         return salvaged
     return {"jid": new_jid(), "raw": text(raw)}
-
-
-# -- summaries ------------------------------------------------------------------
-
-
-def summary(raw: bytes | str) -> dict[str, Any]:
-    """A running job as its process's heartbeat records it (``N:workers``):
-    ``jid``, ``job``, ``queue``, ``retry_count`` (when the payload has one)
-    and ``args_preview``, the arguments on one line cut at
-    ``ARGS_PREVIEW_CHARS``. Small whatever the payload's size, and never
-    fails: an unreadable payload gets ``unreadable`` (why) and the start of
-    its text as the preview."""
-    try:
-        value = parse(raw)
-    except BadPayload as exc:
-        return _unreadable(raw, {}, f"payload is {exc}")
-    try:
-        payload = _checked(value)
-    except BadPayload as exc:
-        return _unreadable(raw, value if isinstance(value, dict) else {}, str(exc))
-    about: dict[str, Any] = {
-        "jid": _field(payload.get("jid")),
-        "job": _field(payload["job"]),
-        "queue": _field(payload.get("queue")),
-        "args_preview": args_preview(payload.get("args", []), payload.get("kwargs", {})),
-    }
-    retry_count = payload.get("retry_count")
-    if isinstance(retry_count, int) and not isinstance(retry_count, bool):
-        about["retry_count"] = retry_count
-    return about
-
-
-def _unreadable(raw: bytes | str, found: dict[str, Any], why: str) -> dict[str, Any]:
-    start = raw[: ARGS_PREVIEW_CHARS * 4]  # a character is at most 4 bytes of UTF-8
-    return {
-        "jid": _field(found.get("jid")),
-        "job": _field(found.get("job")),
-        "queue": _field(found.get("queue")),
-        "unreadable": why,
-        "args_preview": _cut(text(start), ARGS_PREVIEW_CHARS, cut=len(start) < len(raw)),
-    }
-
-
-def args_preview(args: Sequence[Any], kwargs: dict[str, Any], limit: int = ARGS_PREVIEW_CHARS) -> str:
-    """Arguments on one line, as a call reads (``1, "x", key="y"``), cut at
-    ``limit`` characters and then ending in ``ELLIPSIS``. Encodes only what
-    it keeps: a 50 MB argument costs no more than a small one."""
-    try:
-        pieces: list[str] = []
-        size = 0
-        items = itertools.chain(
-            (("", value) for value in args), ((f"{key}=", value) for key, value in kwargs.items())
-        )
-        for prefix, value in items:
-            piece = (", " if pieces else "") + prefix + _head(value, limit - size + 1)
-            pieces.append(piece)
-            size += len(piece)
-            if size > limit:
-                break
-        return _cut("".join(pieces), limit)
-    except Exception as exc:
-        return f"(the arguments cannot be shown: {type(exc).__name__})"
-
-
-def _head(value: Any, budget: int) -> str:
-    """The start of ``value`` as JSON: at least ``budget`` characters when it
-    is that long, else all of it."""
-    if isinstance(value, str) and len(value) > budget:
-        value = value[:budget]  # its JSON is longer still: cut either way
-    chunks: list[str] = []
-    size = 0
-    # iterencode (not encode) yields the text a piece at a time: stop early.
-    for chunk in _preview_encoder.iterencode(value):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > budget:
-            break
-    return "".join(chunks)
-
-
-def _field(value: Any) -> str:
-    return _cut(value, SUMMARY_FIELD_CHARS) if isinstance(value, str) else ""
-
-
-def _cut(value: str, limit: int, *, cut: bool = False) -> str:
-    if len(value) > limit:
-        return value[:limit] + ELLIPSIS
-    return value + ELLIPSIS if cut else value

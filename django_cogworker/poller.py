@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
-from django_cogworker.payload import encode, parse
+from django_cogworker.payload import encode_stored, parse
 from django_cogworker.scripts import script
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class Poller:
         if not isinstance(queue, str) or not queue:
             return DEFAULT_QUEUE, entry
         payload["enqueued_at"] = now
-        return queue, encode(payload)
+        return queue, encode_stored(payload)
 
     def interval_s(self) -> float:
         try:

@@ -131,13 +131,14 @@ class Processor:
             payload = None  # execute() files it in dead, raw kept (G13)
         try:
             outcome = execution.execute(work.raw, crew.config, queue=work.queue, payload=payload)
-        except BaseException:
+        except BaseException as exc:
             # Only a bug of ours gets here (execute() catches the job's own
-            # exceptions). Leave the job on the list: a stray, requeued by
-            # reconcile.
-            logger.exception("processing a job failed unexpectedly; left in progress")
-            crew.ledger.finished(self.index, work, None)
-            return None
+            # exceptions). Left in progress, the job would be requeued as a
+            # stray and meet the same bug again, every few seconds, whatever
+            # its retries (a lone surrogate in a failure message once did):
+            # filed in dead once instead, raw kept (G13).
+            logger.exception("processing a job failed unexpectedly; filing it in dead")
+            outcome = execution.dead_letter(work.raw, exc, time.time())
         # A recovered job is acknowledged at once, with its orphan counter:
         # left owed, a kill before the next fetch would count it as orphaned
         # again though it had finished (G19).

@@ -28,7 +28,7 @@ from django_cogworker.conf import Config
 from django_cogworker.errors import ProcessDied
 from django_cogworker.keys import Keys
 from django_cogworker.outage import Outage
-from django_cogworker.payload import Payload, encode, salvage
+from django_cogworker.payload import Payload, encode_stored, salvage
 from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_list
 from django_cogworker.scripts import script
 
@@ -182,7 +182,7 @@ class Recovery:
             moved = script("bury_orphan")(
                 self.client,
                 [self.keys.repeat_orphans, self.keys.dead],
-                [raw, repr(time.time()), encode(entry)],
+                [raw, repr(time.time()), encode_stored(entry)],
             )
             if moved == 1:
                 buried += 1
@@ -197,7 +197,7 @@ class Recovery:
             try:
                 entry = {**salvage(raw), **self.repeat_orphan_error()}
                 pipe = self.client.pipeline(transaction=False)
-                pipe.zadd(self.keys.dead, {encode(entry): time.time()})
+                pipe.zadd(self.keys.dead, {encode_stored(entry): time.time()})
                 pipe.zrem(self.keys.dead, raw)
                 pipe.execute()
                 self.buried_as_dead(entry)

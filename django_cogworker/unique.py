@@ -31,6 +31,7 @@ import time
 from django_cogworker import locks
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import EnqueueRefused, redis_boundary
+from django_cogworker.escaping import utf8
 from django_cogworker.middleware import ClientMiddleware, Result, ServerMiddleware
 from django_cogworker.payload import Payload
 
@@ -48,7 +49,7 @@ def digest(payload: Payload) -> str:
         payload.get("kwargs", {}),
         payload.get("queue"),
     ]
-    return hashlib.sha256(_canonical.encode(identity).encode()).hexdigest()
+    return hashlib.sha256(utf8(_canonical.encode(identity))).hexdigest()
 
 
 def lock_ttl_ms(unique_for_s: float, at: float | None, now: float) -> int:

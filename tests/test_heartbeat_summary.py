@@ -21,7 +21,8 @@ from django_cogworker.admin.helpers import segment
 from django_cogworker.connection import get_keys
 from django_cogworker.fetch import UnitOfWork
 from django_cogworker.ledger import Running
-from django_cogworker.payload import ARGS_PREVIEW_CHARS, ELLIPSIS, MAX_DEPTH, encode, summary
+from django_cogworker.payload import MAX_DEPTH, encode
+from django_cogworker.summaries import ARGS_PREVIEW_CHARS, ELLIPSIS, summary
 from testproject.testapp import jobs
 from tests.conftest import wait_for
 
@@ -33,7 +34,7 @@ RECORD_MAX_BYTES = 2048
 BIG_ARGUMENT_CHARS = 2 * 1024 * 1024
 
 
-# -- payload.summary --------------------------------------------------------------------
+# -- summaries.summary --------------------------------------------------------------------
 
 
 def test_summary_of_a_normal_payload_has_its_fields_and_its_arguments_on_one_line():

@@ -98,6 +98,27 @@ def test_a_metrics_hash_of_the_wrong_type_loses_only_its_figures(cog):
     assert sum(f.get(RECORD, metrics.JobFigures(RECORD)).runs for f in minute_hashes(cog).values()) == 1
 
 
+def test_a_processed_counter_that_is_not_a_number_loses_only_itself_never_the_beat(cog):
+    k = get_keys()
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    cog.redis.set(k.stat_processed, "not a number")
+    worker = cog.start_worker()
+    identity = worker.identity()
+    done = [jobs.record.delay(i) for i in range(3)]
+    wait_for(lambda: len(cog.notes()) == 3, 20, "the jobs to run")
+    # The beat carrying their counts lands in the day's counter, the
+    # presence key lives on, and later beats keep coming.
+    wait_for(lambda: cog.redis.get(k.stat_processed_on(today)) == b"3", 10, "the day's count")
+    beat = cog.redis.hget(k.process(identity), "beat")
+    wait_for(lambda: cog.redis.hget(k.process(identity), "beat") != beat, 10, "a later beat")
+    assert cog.redis.ttl(k.process(identity)) > 0 and len(done) == 3
+    assert cog.redis.get(k.stat_processed) == b"not a number"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert cog.redis.get(k.stat_processed_on(today)) == b"3", "counted once, not given back and added again"
+    assert "heartbeat failed" not in worker.log()
+
+
 def test_tally_increments_merge_and_percentiles():
     tally = Tally()
     for took in (0.0005, 0.003, 0.003, 0.2, 400.0):

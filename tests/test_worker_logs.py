@@ -118,6 +118,35 @@ def test_a_jid_or_message_with_a_newline_cannot_forge_a_log_line(cog, tmp_path):
     assert all(LINE.match(line) or line.startswith("    ") for line in log.splitlines() if line.strip()), log
 
 
+#: What would forge or hide a line on a terminal: a newline, ANSI escapes (a
+#: clear screen; CSI as the one C1 character U+009B), a bidi override, a
+#: lone surrogate (which a strict UTF-8 stream cannot even write).
+HOSTILE = "evil\n  forged: 0 waiting\x1b[2J\x9b31m\u202egnp.exe\udcff"
+HOSTILE_SHOWN = "evil\\n  forged: 0 waiting\\x1b[2J\\x9b31m\\u202egnp.exe\\udcff"
+
+
+def test_control_characters_bidi_overrides_and_surrogates_are_escaped_in_the_log(cog, tmp_path):
+    payload = jobs.record.payload(("x",), {})
+    payload["jid"] = HOSTILE
+    cog.redis.lpush(get_keys().queue("default"), json.dumps(payload))
+    worker = cog.start_worker(env=bare_project(cog, tmp_path))
+    wait_for(lambda: f"jid={HOSTILE_SHOWN} " in worker.log(), 20, "the done line, escaped")
+    log = stop(worker)
+    assert not any(c in log for c in "\x1b\x9b\u202e"), log
+    assert all(LINE.match(line) for line in log.splitlines() if line.strip()), log
+
+
+def test_cogworker_status_escapes_what_a_queue_name_holds(cog):
+    name, shown = HOSTILE.removesuffix("\udcff"), HOSTILE_SHOWN.removesuffix("\\udcff")
+    jobs.record.set(queue=name).delay("waiting")
+    code, out, err = status(cog)
+    assert code == 1, err
+    assert f"  {shown}: 1 waiting, latency " in out
+    assert not any(c in out for c in "\x1b\x9b\u202e") and "\n  forged" not in out
+    code, out, _ = status(cog, "--json")
+    assert code == 1 and name in [q["name"] for q in json.loads(out)["queues"]]
+
+
 RELOAD_JOBS = """
 from pathlib import Path
 

@@ -190,12 +190,24 @@ def when_redis_answers(
     return response
 
 
+class _Page(TemplateResponse):
+    """A jobs page, which any str a payload holds can be written on: a lone
+    surrogate (JSON's ``"\\udcff"`` reads as one), which no UTF-8 can
+    carry, is written as ``\\udcff``, the text ``escaping.storable`` keeps
+    in Redis for it. Django's own response would answer 500 instead."""
+
+    def make_bytes(self, value: Any) -> bytes:
+        if isinstance(value, str):
+            return value.encode(self.charset or "utf-8", "backslashreplace")
+        return super().make_bytes(value)
+
+
 def render(
     request: HttpRequest, model_admin: ModelAdmin, template: str, ctx: dict[str, Any]
 ) -> TemplateResponse:
     # {% url "admin:..." %} resolves in this admin site, whatever its name.
     request.current_app = model_admin.admin_site.name
-    return TemplateResponse(request, TEMPLATES + template, ctx)
+    return _Page(request, TEMPLATES + template, ctx)
 
 
 # -- rows more than one tab lists ----------------------------------------------------

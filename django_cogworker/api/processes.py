@@ -35,7 +35,9 @@ from django_cogworker.api.parsing import (
 from django_cogworker.api.records import JobRecord
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
-from django_cogworker.payload import Payload, args_preview
+from django_cogworker.escaping import storable
+from django_cogworker.payload import Payload
+from django_cogworker.summaries import args_preview, summary_field
 
 #: How long an unread signal waits for its process (s).
 SIGNAL_TTL_S = 3600
@@ -144,7 +146,7 @@ class RunningJob:
     queue: str
     run_at: float
     name: str = ""
-    #: The arguments on one line, cut at ``payload.ARGS_PREVIEW_CHARS``.
+    #: The arguments on one line, cut at ``summaries.ARGS_PREVIEW_CHARS``.
     args_preview: str = ""
     thread: int | None = None
     retry_count: int | None = None
@@ -264,9 +266,17 @@ class InProgress:
         for raw in get_redis().lrange(self.key, 0, -1):
             # Most entries are settled from the bytes: a large payload is
             # parsed only when it is likely the one.
-            if field_text(raw, "jid") not in (None, jid):
+            found = field_text(raw, "jid")
+            if found is not None and not _names(found, jid):
                 continue
             record = JobRecord(raw, source=self.key, kind="inprogress")
-            if record.jid == jid:
+            if _names(record.jid, jid):
                 return record
         return None
+
+
+def _names(payload_jid: str, jid: str) -> bool:
+    """Whether ``jid`` names the payload's jid: itself, or as its process's
+    beat records it in ``N:workers`` (cut as a summary's field, a lone
+    surrogate written as text: ``escaping.storable``)."""
+    return jid in (payload_jid, storable(payload_jid), storable(summary_field(payload_jid)))

@@ -17,8 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import itertools
-import json
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -29,7 +27,8 @@ from django_cogworker import registry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.connection import get_keys, get_redis, is_cluster
 from django_cogworker.errors import BadPayload, redis_boundary
-from django_cogworker.payload import Payload, encode, parse, text
+from django_cogworker.escaping import storable
+from django_cogworker.payload import Payload, encode_stored, parse, text
 from django_cogworker.scripts import script
 
 #: Jobs per page of a listing, when the caller does not say.
@@ -48,23 +47,6 @@ MoveCall = tuple[list[str], list[str | bytes]]
 #: 64-bit integers and answers an error past them (a page number of 30
 #: digits in a URL), so a page from there on is empty without asking.
 MAX_OFFSET = 2**62
-
-# A string of JSON text, or a number JSON cannot write (as json.dumps writes it).
-_NON_FINITE = re.compile(r'"(?:[^"\\]|\\.)*"|-?Infinity|NaN')
-_AS_JSON = {"Infinity": "1e999", "-Infinity": "-1e999", "NaN": "null"}
-
-
-def encode_as_read(payload: Payload) -> bytes:
-    """``payload.encode``, also for a payload read with a number JSON cannot
-    write: ``-1e400`` reads as -inf (Python's json also reads ``-Infinity``
-    and ``NaN``). Such a number is written ``-1e999`` / ``1e999``, which
-    every JSON reader reads back as infinite, and NaN, which JSON has no
-    way to write, as null; the rest is written as always."""
-    try:
-        return encode(payload)
-    except ValueError:
-        loose = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
-        return _NON_FINITE.sub(lambda m: _AS_JSON.get(m.group(0), m.group(0)), loose).encode()
 
 
 class JobRecord:
@@ -152,9 +134,10 @@ class JobRecord:
         ``get()``, unique per entry: ``<score>~<jid>~<digest>`` in a sorted
         set (one ZRANGEBYSCORE away, however large the set; two unreadable
         entries of one score have no jid, but their own digests), a digest
-        of the entry in a list."""
+        of the entry in a list. A lone surrogate in the jid is written as
+        text (``escaping.storable``): the id goes into URLs and forms."""
         if self.kind == "zset":
-            return f"{self.score!r}~{self.jid}~{self.digest[:12]}"
+            return f"{self.score!r}~{storable(self.jid)}~{self.digest[:12]}"
         return self.digest[:20]
 
     @property
@@ -176,14 +159,12 @@ class JobRecord:
         if self.kind in ("queue", "inprogress"):
             return None
         payload = dict(self.payload)
-        queue = (
-            payload.get("queue")
-            if isinstance(payload.get("queue"), str) and payload.get("queue")
-            else DEFAULT_QUEUE
-        )
+        queue = payload.get("queue")
+        # The queue's name as a worker's poller would write it (scripts.py).
+        queue = storable(queue) if isinstance(queue, str) and queue else DEFAULT_QUEUE
         payload["enqueued_at"] = time.time()
-        data = encode_as_read(payload) if "job" in payload else self.payload_raw
-        return self._move_call(get_keys().queue(str(queue)), data, "queue", str(queue))
+        data = encode_stored(payload) if "job" in payload else self.payload_raw
+        return self._move_call(get_keys().queue(queue), data, "queue", queue)
 
     def _kill_call(self) -> MoveCall | None:
         k = get_keys()
@@ -193,7 +174,7 @@ class JobRecord:
         payload.setdefault("error_class", "Killed")
         payload.setdefault("error_message", "killed by hand")
         payload["failed_at"] = payload.get("failed_at") or time.time()
-        return self._move_call(k.dead, encode_as_read(payload), "zset", repr(time.time()))
+        return self._move_call(k.dead, encode_stored(payload), "zset", repr(time.time()))
 
     def _call(self, action: str) -> MoveCall | None:
         return self._retry_call() if action == "retry" else self._kill_call()

@@ -25,6 +25,7 @@ from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
 from django_cogworker.api.scan import SCAN_COUNT, last_page_offset, match_pattern, select_page
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
+from django_cogworker.escaping import storable, utf8
 
 
 class JobSet(abc.ABC):
@@ -209,7 +210,7 @@ class SortedSet(JobSet):
         bound = repr(score)
         for raw, s in get_redis().zrangebyscore(self.key, bound, bound, withscores=True):
             record = self._record(raw, s)
-            if record.jid == jid and record.digest.startswith(digest):
+            if storable(record.jid) == jid and record.digest.startswith(digest):
                 return record
         return None
 
@@ -251,7 +252,7 @@ class UnsettledSet(JobSet):
     def _record(self, raw: bytes) -> JobRecord:
         entry = loads_object(raw) or {}
         payload = entry.get("payload")
-        payload_raw = payload.encode() if isinstance(payload, str) else raw
+        payload_raw = utf8(payload) if isinstance(payload, str) else raw
         score = entry.get("score")
         return JobRecord(
             raw,

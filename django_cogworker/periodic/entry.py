@@ -26,6 +26,7 @@ from typing import Any
 from django_cogworker import registry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.cron import Schedule, cron_error, normalise_cron, tz_error
+from django_cogworker.escaping import utf8
 from django_cogworker.payload import check_arguments
 
 #: The keys an entry may have ("cron" and "job" are required).
@@ -57,7 +58,7 @@ class Entry:
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "schedule", Schedule(self.cron, self.tz))
         identity = [self.job, self.cron, list(self.args), self.kwargs, self.queue, self.tz]
-        pjid = hashlib.sha256(_canonical.encode(identity).encode()).hexdigest()[:32]
+        pjid = hashlib.sha256(utf8(_canonical.encode(identity))).hexdigest()[:32]
         object.__setattr__(self, "pjid", pjid)
 
 

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from django_cogworker.errors import BadPayload
+from django_cogworker.escaping import utf8
 from django_cogworker.payload import parse
 from django_cogworker.retry import BACKTRACE_MAX_CHARS
 from django_cogworker.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
@@ -70,7 +71,7 @@ def new_record(
 
 
 def dumps(record: Record) -> bytes:
-    return _encoder.encode(record).encode()
+    return utf8(_encoder.encode(record))
 
 
 def loads(raw: bytes | str) -> Record:

@@ -7,29 +7,25 @@
 -- heartbeat (batched per beat, so a worker's jobs land in the minute of the
 -- beat that carries them) and count.lua (a stop, a job buried by recovery)
 -- both call it.
+-- Every write is a pcall: a counter that is not an integer (or a key of
+-- another type) loses only its own figure. An error would fail the whole
+-- call after the counters before it were added (Redis does not roll back),
+-- and the heartbeat, which then gives its counts back, would add them twice
+-- on every later beat, and never beat again.
 local function count_stats(total_processed, total_failed, day_processed, day_failed,
                            minute_processed, minute_failed, processed, failed, day_ttl, minute_ttl)
   processed, failed = tonumber(processed), tonumber(failed)
-  if processed > 0 then
-    redis.call("INCRBY", total_processed, processed)
-    redis.call("INCRBY", day_processed, processed)
-    redis.call("EXPIRE", day_processed, day_ttl)
-  end
-  if failed > 0 then
-    redis.call("INCRBY", total_failed, failed)
-    redis.call("INCRBY", day_failed, failed)
-    redis.call("EXPIRE", day_failed, day_ttl)
-  end
-  -- Last, and pcall: a minute counter that is not an integer only loses that
-  -- minute's figure. An error here would fail the whole call after the
-  -- totals were added (Redis does not roll back), and the heartbeat, which
-  -- then gives its counts back, would add them twice.
-  if processed > 0 then
-    redis.pcall("INCRBY", minute_processed, processed)
-    redis.pcall("EXPIRE", minute_processed, minute_ttl)
-  end
-  if failed > 0 then
-    redis.pcall("INCRBY", minute_failed, failed)
-    redis.pcall("EXPIRE", minute_failed, minute_ttl)
+  local counters = {
+    {processed, total_processed, day_processed, minute_processed},
+    {failed, total_failed, day_failed, minute_failed},
+  }
+  for _, c in ipairs(counters) do
+    if c[1] > 0 then
+      redis.pcall("INCRBY", c[2], c[1])
+      redis.pcall("INCRBY", c[3], c[1])
+      redis.pcall("EXPIRE", c[3], day_ttl)
+      redis.pcall("INCRBY", c[4], c[1])
+      redis.pcall("EXPIRE", c[4], minute_ttl)
+    end
   end
 end

@@ -23,6 +23,7 @@ from django_cogworker import api
 from django_cogworker.conf import get_config
 from django_cogworker.connection import describe
 from django_cogworker.errors import CogworkerError
+from django_cogworker.escaping import one_line
 
 #: Exit statuses.
 LIVE, NO_PROCESS, NO_REDIS = 0, 1, 2
@@ -61,6 +62,9 @@ def snapshot() -> dict[str, Any]:
 
 
 def as_text(report: dict[str, Any]) -> str:
+    """The report for people, every line escaped (``escaping.one_line``):
+    a queue name or a tag holding a newline, ANSI escapes or a bidi
+    override can neither forge a line nor hide one."""
     lines = [f"Redis {report['redis']}"]
     if report["persistence_warning"]:
         lines.append(f"warning: {report['persistence_warning']}")
@@ -82,7 +86,7 @@ def as_text(report: dict[str, Any]) -> str:
         f"scheduled {report['scheduled']}, retry {report['retry']}, dead {report['dead']}, "
         f"unsettled {report['unsettled']}"
     )
-    return "\n".join(lines)
+    return "\n".join(one_line(line) for line in lines)
 
 
 class Command(BaseCommand):
@@ -103,7 +107,7 @@ class Command(BaseCommand):
             message = f"Redis at {where} cannot be read: {exc}"
             if options["json"]:
                 self.stdout.write(json.dumps({"redis": where, "error": message}))
-            self.stderr.write(f"cogworker_status: {message}")
+            self.stderr.write(one_line(f"cogworker_status: {message}"))
             sys.exit(NO_REDIS)
         self.stdout.write(json.dumps(report) if options["json"] else as_text(report))
         sys.exit(LIVE if report["processes"] else NO_PROCESS)
