@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 
+from django_cogworker.escaping import storable
+
 #: The minute in a per-minute counter's name (UTC): ``2026-03-14T09:05``.
 MINUTE_FORMAT = "%Y-%m-%dT%H:%M"
 
@@ -70,7 +72,9 @@ class Keys:
         return self.suspect_prefix + identity
 
     def orphanings(self, jid: str) -> str:
-        return self.orphanings_prefix + jid
+        # A jid read from a payload may hold a lone surrogate: the key names
+        # it as the scripts' keys do (escaping.storable), whoever asks.
+        return self.orphanings_prefix + storable(jid)
 
     def stat_processed_on(self, day: str) -> str:
         return f"{self.stat_processed}:{day}"
