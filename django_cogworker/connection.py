@@ -250,6 +250,17 @@ def forget_demoted_master(exc: BaseException) -> None:
             direct.drop_idle()
 
 
+def memory(client: Client) -> tuple[int, int] | None:
+    """Redis's ``used_memory`` and ``maxmemory`` (bytes; 0: no limit), or
+    None when they cannot be read (INFO refused by an ACL, an outage): they
+    only give figures to a message."""
+    try:
+        info = client.info("memory")
+        return int(info["used_memory"]), int(info["maxmemory"])
+    except Exception:
+        return None
+
+
 @contextlib.asynccontextmanager
 async def async_redis() -> AsyncIterator[redis.asyncio.Redis]:
     """A ``redis.asyncio`` client for this call, closed after it (a client

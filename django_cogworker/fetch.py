@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.errors import UnsupportedServer, is_unavailable
+from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
@@ -41,6 +41,11 @@ BLOCKING_TIMEOUT_S = 1.0
 
 #: First pause of an idle thread polling several queues.
 EMPTY_POLL_INTERVAL_S = 0.25
+
+#: After a full Redis refused a blocking fetch (BLMOVE may grow memory, so
+#: Redis refuses it over ``maxmemory``), an idle thread polls with
+#: fetch.lua, which a full Redis takes, this long before it blocks again.
+FULL_POLL_S = 5.0
 
 #: How often the paused-queue set is re-read.
 PAUSED_REFRESH_S = 1.0
@@ -202,6 +207,7 @@ class ReliableFetch(Fetcher):
         self.buffer: collections.deque[UnitOfWork] = collections.deque()
         self.acks: list[tuple[UnitOfWork, str]] = []
         self._acks_lock = threading.Lock()
+        self._full_at = -FULL_POLL_S  # monotonic time of the last BLMOVE refused for want of memory
 
     def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
         """The next job; ``done`` (the thread's previous job and its jid) is
@@ -245,7 +251,8 @@ class ReliableFetch(Fetcher):
         k = self.keys
         try:
             acks = self.take_acks()
-            if acks or len(queues) > 1 or not getattr(self._idle, "blocking", False):
+            polling = len(queues) > 1 or time.monotonic() - self._full_at < FULL_POLL_S
+            if acks or polling or not getattr(self._idle, "blocking", False):
                 found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:
                     self.not_idle()
@@ -253,7 +260,7 @@ class ReliableFetch(Fetcher):
                     queue = queues[int(found[0]) - 1]
                     now = time.monotonic()
                     return [UnitOfWork(queue, raw, now) for raw in found[1:]]
-                if found or len(queues) > 1:
+                if found or polling:
                     if found:
                         self.report_broken_queue(found[1])
                     self.ctx.ledger.shrink(slots, 0)
@@ -264,6 +271,12 @@ class ReliableFetch(Fetcher):
         except redis.ResponseError as exc:
             if is_unavailable(exc):  # READONLY, MASTERDOWN...: an outage, not a broken queue
                 raise
+            if is_full(exc):  # BLMOVE refused: poll for a while (the heartbeat says "full")
+                self._full_at = time.monotonic()
+                self._idle.blocking = False
+                self.ctx.ledger.shrink(slots, 0)
+                self.idle_sleep()
+                return []
             if is_unknown_command(exc):
                 raise UnsupportedServer(str(exc)) from exc
             if "WRONGTYPE" in str(exc):

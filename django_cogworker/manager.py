@@ -18,7 +18,7 @@ from collections import Counter
 
 from django_cogworker import threads
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.connection import get_keys, get_redis, memory
 from django_cogworker.errors import BadPayload
 from django_cogworker.fetch import FetchContext, Fetcher
 from django_cogworker.fetching import Fetching
@@ -60,7 +60,7 @@ class Manager:
         # none holds up a shutdown (G9).
         self.quiet = threading.Event()
         self.stopping = threading.Event()
-        self.outage = Outage()
+        self.outage = Outage(lambda: memory(self.client))
         self.ledger = Ledger(concurrency, self.quiet)
         self.context = FetchContext(self.client, self.keys, config, identity, queues, self.quiet, self.ledger)
         self.fetching = Fetching(self.context, fetch)

