@@ -148,6 +148,8 @@ def refusal(exc: BaseException) -> str | None:
     """What to tell the operator when ``exc`` is Redis refusing this client
     outright, a refusal that no retry will change (None otherwise): at the
     worker's boot, at ``.delay()``, in the admin and ``cogworker_status``."""
+    if isinstance(exc, redis.AuthenticationError) and "required" in str(exc):  # NOAUTH: none was given
+        return "Redis asks for credentials: set the user and password in REDIS_URL"
     if isinstance(exc, redis.AuthenticationError):
         return (
             "Redis refused the credentials: check the user and password in REDIS_URL "
@@ -157,8 +159,6 @@ def refusal(exc: BaseException) -> str | None:
         return "the Redis user lacks a command cogworker needs (docs/deployment.md lists them)"
     if isinstance(exc, redis.ResponseError) and "DB index is out of range" in str(exc):
         return "the database number in REDIS_URL is not one the server has (see its 'databases' setting)"
-    if isinstance(exc, redis.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS")):
-        return "Redis asks for credentials: set the user and password in REDIS_URL"
     return None
 
 

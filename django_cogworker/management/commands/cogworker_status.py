@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_cogworker import api
 from django_cogworker.conf import get_config
 from django_cogworker.connection import describe
-from django_cogworker.errors import CogworkerError
+from django_cogworker.errors import CogworkerError, full_message
 
 #: Exit statuses.
 LIVE, NO_PROCESS, NO_REDIS = 0, 1, 2
@@ -55,11 +55,15 @@ def snapshot() -> dict[str, Any]:
         "dead": stats.dead_size,
         "unsettled": stats.unsettled_size,
     }
-    return {"processes": processes, "queues": queues, **sizes}
+    found = api.memory()
+    figures = {} if found is None else {"used_memory": found.used_bytes, "maxmemory": found.maxmemory_bytes}
+    return {"processes": processes, "queues": queues, **sizes, **figures, "full": bool(found and found.full)}
 
 
 def as_text(report: dict[str, Any]) -> str:
     lines = [f"Redis {report['redis']}"]
+    if report["full"]:
+        lines.append(full_message(report["used_memory"], report["maxmemory"]))
     processes = report["processes"]
     lines.append(f"processes: {len(processes)} live")
     for p in processes:
