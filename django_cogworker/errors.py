@@ -97,6 +97,16 @@ NOT_THE_MASTER_CODES = (
 _CLUSTER_UNREACHABLE = ("cannot be connected", "could not agree on a valid slots", "slots are not covered")
 
 
+def is_pool_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` is this process's connection pool having none left
+    to give (redis-py's MaxConnectionsError, a plain ConnectionError before
+    redis-py 6): no outage, Redis was not even asked."""
+    exhausted = getattr(redis.exceptions, "MaxConnectionsError", None)
+    if exhausted is not None and isinstance(exc, exhausted):
+        return True
+    return isinstance(exc, redis.ConnectionError) and str(exc) == "Too many connections"
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means Redis cannot take commands right now: it cannot
     be reached, it timed out, or the node answered that it is not the master
@@ -181,6 +191,11 @@ def translate(
         return RedisAccessRefused(f"could not {doing}: {access} (Redis said: {exc})")
     if is_full(exc):
         return refused(f"could not {doing}: {full_message()} ({exc})", full=True)
+    if is_pool_exhausted(exc):
+        return RedisUnavailable(
+            f"could not {doing}: every connection of this process's Redis pool is in use "
+            f"(raise max_connections in REDIS_OPTIONS) ({exc})"
+        )
     if is_unavailable(exc):
         if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
             return RedisUnavailable(f"could not {doing}: Redis is unreachable ({exc})")

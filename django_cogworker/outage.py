@@ -24,7 +24,7 @@ from collections.abc import Callable
 import redis
 
 from django_cogworker.connection import forget_demoted_master
-from django_cogworker.errors import full_message, is_full, is_unavailable
+from django_cogworker.errors import full_message, is_full, is_pool_exhausted, is_unavailable
 
 logger = logging.getLogger("django_cogworker")
 
@@ -52,6 +52,7 @@ class Outage:
         self._since: float | None = None  # monotonic clock; None while Redis answers
         self._last_failure = 0.0
         self._full_since: float | None = None  # monotonic clock; None while Redis has room
+        self._pool_exhausted_said = False
 
     @property
     def ongoing(self) -> bool:
@@ -67,6 +68,15 @@ class Outage:
         error is the caller's to log."""
         if is_full(exc):
             self.filled()
+            return True
+        if is_pool_exhausted(exc):
+            if not self._pool_exhausted_said:
+                self._pool_exhausted_said = True
+                logger.error(
+                    "every connection of this process's Redis pool is in use (%s): Redis itself answers; "
+                    "raise max_connections in REDIS_OPTIONS (see docs/settings.md)",
+                    exc,
+                )
             return True
         if not is_outage(exc):
             return False

@@ -122,3 +122,60 @@ def test_a_sentinel_or_cluster_url_with_nothing_behind_it_is_redis_unavailable_a
     with pytest.raises(RedisUnavailable) as raised:
         jobs.record.delay("nowhere")
     assert "hidden-pw" not in str(raised.value)
+
+
+# -- the pool of a worker process (SPEC section 8) -----------------------------------------
+
+
+def test_a_worker_at_concurrency_100_has_a_connection_for_every_thread(cog, own_redis):
+    """Every idle processor thread holds a connection while it waits in a
+    blocking fetch; the heartbeat, poller, ticker and housekeeper need their
+    own beside them. A pool smaller than that fails the beat with "Too many
+    connections", which must never be reported as Redis being unreachable."""
+    from tests.conftest import wait_for
+
+    own_redis()
+    worker = cog.start_worker("-c", "100")
+    identity = worker.identity()
+
+    def blocked() -> int:
+        return int(cog.redis.info("clients")["blocked_clients"])
+
+    wait_for(lambda: blocked() >= 100, 30, "the 100 idle threads to wait in a blocking fetch")
+
+    def beat() -> float:
+        return float(cog.redis.hget(cog.key(f"process:{identity}"), "beat") or 0)
+
+    # The heartbeat goes on beside them (every 0.2 s here): three more beats.
+    for _ in range(3):
+        last = beat()
+        wait_for(lambda last=last: beat() > last, 10, "the next beat")
+    jids = [jobs.record.delay(i) for i in range(300)]
+    wait_for(lambda: len(cog.notes()) >= 300, 60, "300 jobs to run")
+    assert sorted(n["jid"] for n in cog.notes()) == sorted(jids)
+    log = worker.log()
+    for wrong in ("Too many connections", "MaxConnectionsError", "unreachable"):
+        assert wrong not in log, log[-3000:]
+
+
+def test_a_pool_with_no_connection_left_is_never_reported_as_an_outage(cog, worker_log):
+    import redis
+
+    from django_cogworker.errors import RedisUnavailable, translate
+    from django_cogworker.outage import Outage
+
+    client = redis.Redis.from_url(cog.url, max_connections=1)
+    held = client.connection_pool.get_connection()
+    try:
+        with pytest.raises(redis.ConnectionError) as raised:
+            client.ping()
+    finally:
+        client.connection_pool.release(held)
+        client.close()
+    exc = raised.value
+    assert Outage().failed(exc)  # handled: retried with backoff, said once
+    said = worker_log.text
+    assert "every connection of this process's Redis pool is in use" in said and "unreachable" not in said
+    error = translate(exc, "enqueue")
+    assert isinstance(error, RedisUnavailable) and "unreachable" not in str(error)
+    assert "raise max_connections in REDIS_OPTIONS" in str(error)
