@@ -42,9 +42,8 @@ BLOCKING_TIMEOUT_S = 1.0
 #: First pause of an idle thread polling several queues.
 EMPTY_POLL_INTERVAL_S = 0.25
 
-#: After a full Redis refused a blocking fetch (BLMOVE may grow memory, so
-#: Redis refuses it over ``maxmemory``), an idle thread polls with
-#: fetch.lua, which a full Redis takes, this long before it blocks again.
+#: A full Redis refuses BLMOVE (it may grow memory): an idle thread then
+#: polls with fetch.lua, which it takes, this long before it blocks again.
 FULL_POLL_S = 5.0
 
 #: How often the paused-queue set is re-read.
@@ -271,20 +270,18 @@ class ReliableFetch(Fetcher):
         except redis.ResponseError as exc:
             if is_unavailable(exc):  # READONLY, MASTERDOWN...: an outage, not a broken queue
                 raise
+            if is_unknown_command(exc):
+                raise UnsupportedServer(str(exc)) from exc
             if is_full(exc):  # BLMOVE refused: poll for a while (the heartbeat says "full")
                 self._full_at = time.monotonic()
                 self._idle.blocking = False
-                self.ctx.ledger.shrink(slots, 0)
-                self.idle_sleep()
-                return []
-            if is_unknown_command(exc):
-                raise UnsupportedServer(str(exc)) from exc
-            if "WRONGTYPE" in str(exc):
+            elif "WRONGTYPE" in str(exc):
                 self.report_broken_queue(f"{k.queue(queues[0])}: {exc}".encode())
-                self.ctx.ledger.shrink(slots, 0)
-                self.idle_sleep()
-                return []
-            raise
+            else:
+                raise
+            self.ctx.ledger.shrink(slots, 0)
+            self.idle_sleep()
+            return []
         # Idle with one queue: the next call blocks at once, without a script
         # call first (no polling), until a job comes.
         self._idle.blocking = raw is None
@@ -344,8 +341,10 @@ class ReliableFetch(Fetcher):
 
     def mark_suspect(self, work: UnitOfWork) -> None:
         # If this process dies, recovery counts an orphaning only for this
-        # recovered job, not for one merely held beside it (G3).
-        self.client.set(self.keys.suspect(self.ctx.identity), work.raw, ex=ORPHANINGS_TTL_S)
+        # recovered job, not for one merely held beside it (G3). A script:
+        # a full Redis takes it (suspect.lua), not a SET.
+        keys = [self.keys.suspect(self.ctx.identity), self.inprogress]
+        script("suspect")(self.client, keys, [work.raw, ORPHANINGS_TTL_S])
 
 
 #: The fetch strategies by name: what ``FETCH`` and ``--fetch`` accept.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -108,3 +109,36 @@ def test_cogworker_status_says_redis_is_full_with_its_figures(cog: CogEnv, own_r
     code, out, _ = status(cog, "--json")
     report = json.loads(out)
     assert report["full"] is True and 0 < report["maxmemory"] < report["used_memory"]
+
+
+@pytest.mark.parametrize("version", ["6.2", "7"])
+def test_g1_jobs_of_a_worker_killed_while_redis_is_full_are_recovered_and_run_once(
+    cog: CogEnv, own_redis, tmp_path: Path, version: str
+) -> None:
+    """Recovery puts a dead worker's jobs back, and the next worker marks
+    each as suspect (G3) and runs it, on a Redis that stays full."""
+    from testproject.testapp.jobs import note_to_file
+
+    own_redis(extra=FULL, binary=_binary(version))
+    path = tmp_path / "runs.txt"
+    path.touch()
+    for tag in range(4):
+        note_to_file.delay(str(path), tag, first_run_s=60)
+    first = cog.start_worker("-c", "4")
+    identity = first.identity()
+    wait_for(lambda: len(list(tmp_path.glob("runs.txt.started.*"))) == 4, 30, "the four jobs to start")
+    assert cog.redis.llen(cog.key(f"inprogress:{identity}")) == 4
+    # Full, and it stays full whatever the workers take off it.
+    cog.redis.config_set("maxmemory", cog.redis.info("memory")["used_memory"] // 2)
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    second = cog.start_worker("-c", "4")
+
+    def runs() -> Counter[str]:
+        return Counter(path.read_text().split())
+
+    wait_for(lambda: len(runs()) == 4, 60, "the dead worker's four jobs to run elsewhere")
+    assert runs() == Counter({str(tag): 1 for tag in range(4)})
+    assert cog.redis.llen(cog.key(f"inprogress:{identity}")) == 0
+    log = second.log()
+    assert "Redis is full (" in log and "unreachable" not in log and "Traceback" not in log, log[-3000:]
