@@ -729,3 +729,14 @@ def test_an_action_refused_by_a_full_redis_says_it_is_full(cog, own_redis, super
     assert "<title>Redis is full |" in body and "unreachable" not in body
     assert "No job is lost while Redis is down" not in body
     assert zset_jids(cog, "dead") == {"d1"}
+
+
+def test_the_dashboard_says_redis_is_full_with_its_figures(cog, own_redis, superclient):
+    """SPEC section 8: the admin says "full" (its pages still load)."""
+    own_redis()
+    assert "Redis is full" not in text(superclient.get(BASE + "dashboard/"))
+    cog.redis.config_set("maxmemory", cog.redis.info("memory")["used_memory"] // 2)
+    response = superclient.get(BASE + "dashboard/")
+    assert response.status_code == 200
+    body = text(response)
+    assert "Redis is full (" in body and "MB maxmemory)" in body
