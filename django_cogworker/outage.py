@@ -24,7 +24,7 @@ from collections.abc import Callable
 import redis
 
 from django_cogworker.connection import forget_demoted_master
-from django_cogworker.errors import full_message, is_full, is_pool_exhausted, is_unavailable
+from django_cogworker.errors import full_message, is_full, is_pool_exhausted, is_unavailable, refusal
 
 logger = logging.getLogger("django_cogworker")
 
@@ -87,9 +87,13 @@ class Outage:
             if first:
                 self._since = self._last_failure
         if first:
+            # A refusal here is a password changed under a running worker.
+            what = refusal(exc) or (
+                "Redis unreachable" if isinstance(exc, UNREACHABLE) else "Redis has no master"
+            )
             logger.error(
-                "Redis %s (%s: %s); retrying with backoff, this process logs again when it is back",
-                "unreachable" if isinstance(exc, UNREACHABLE) else "has no master",
+                "%s (%s: %s); retrying with backoff, this process logs again when it is back",
+                what,
                 type(exc).__name__,
                 exc,
             )

@@ -179,3 +179,22 @@ def test_a_pool_with_no_connection_left_is_never_reported_as_an_outage(cog, work
     error = translate(exc, "enqueue")
     assert isinstance(error, RedisUnavailable) and "unreachable" not in str(error)
     assert "raise max_connections in REDIS_OPTIONS" in str(error)
+
+
+def test_credentials_refused_while_working_are_said_as_such_not_as_unreachable(cog, own_redis, worker_log):
+    """A password changed under a running worker: retried like an outage
+    (it may be put right), but said for what it is (SPEC section 8)."""
+    import redis
+
+    from django_cogworker.outage import Outage
+
+    server = own_redis()
+    cog.redis.config_set("requirepass", "right-pw")
+    client = redis.Redis.from_url(f"redis://:wrong-pw@127.0.0.1:{server.port}/0")
+    with pytest.raises(redis.AuthenticationError) as raised:
+        client.ping()
+    client.close()
+    assert Outage().failed(raised.value)
+    said = worker_log.text
+    assert "Redis refused the credentials: check the user and password in REDIS_URL" in said, said
+    assert "unreachable" not in said and "wrong-pw" not in said
