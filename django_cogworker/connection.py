@@ -206,6 +206,54 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, redis.RedisCluster | redis.asyncio.RedisCluster)
 
 
+#: Connections a worker process holds besides one per processor thread: the
+#: heartbeat, poller, periodic ticker and housekeeper threads, the main
+#: thread's boot and stop, and room for what a job itself sends (its own
+#: calls ride on its thread's share while it runs, but a job may start
+#: threads of its own).
+SPARE_CONNECTIONS = 10
+
+
+def pool_size(concurrency: int, async_concurrency: int = 0) -> int:
+    """The connections a worker process may hold at once, the one formula
+    (docs/settings.md, ``REDIS_OPTIONS``): one per processor thread (an idle
+    one holds it while it waits in a blocking fetch), one per ``async def``
+    job in flight (``ASYNC_CONCURRENCY``, SPEC section 15), and
+    :data:`SPARE_CONNECTIONS`."""
+    return concurrency + async_concurrency + SPARE_CONNECTIONS
+
+
+def fit_pool(client: Client, config: Config, connections: int) -> None:
+    """Lets ``client``'s pool (each node's, on a cluster) open
+    ``connections`` at once, for a worker process: redis-py's own limit
+    (100 connections since redis-py 6) is below what ``-c 100`` needs, and
+    a pool that runs out fails the heartbeat. A ``max_connections`` the
+    user set (``REDIS_OPTIONS``, or the cache's pool) is theirs: a warning
+    when it is too low, no change."""
+    if is_cluster(client):
+        client.nodes_manager.connection_kwargs.setdefault("max_connections", connections)
+        pools = [
+            node.redis_connection.connection_pool for node in client.get_nodes() if node.redis_connection
+        ]
+    else:
+        pools = [client.connection_pool]
+    chosen = "max_connections" in config.redis_options or bool(config.cache_alias)
+    for pool in pools:
+        limit = getattr(pool, "max_connections", None)
+        if not isinstance(limit, int) or limit >= connections:
+            continue
+        if chosen or isinstance(pool, redis.BlockingConnectionPool):  # its size is fixed when it is made
+            logger.warning(
+                "the Redis connection pool allows %d connections, and this worker may need %d at once "
+                "(concurrency + %d): raise max_connections in REDIS_OPTIONS (or the cache's pool)",
+                limit,
+                connections,
+                SPARE_CONNECTIONS,
+            )
+            return
+        pool.max_connections = connections
+
+
 #: How often a Sentinel client asks the sentinels who the master is, at most
 #: (from the heartbeat, and before an enqueue).
 MASTER_CHECK_INTERVAL_S = 1.0
@@ -258,6 +306,17 @@ def forget_demoted_master(exc: BaseException) -> None:
             client.connection_pool.disconnect()
         with contextlib.suppress(Exception):
             direct.drop_idle()
+
+
+def memory(client: Client) -> tuple[int, int] | None:
+    """Redis's ``used_memory`` and ``maxmemory`` (bytes; 0: no limit), or
+    None when they cannot be read (INFO refused by an ACL, an outage): they
+    only give figures to a message."""
+    try:
+        info = client.info("memory")
+        return int(info["used_memory"]), int(info["maxmemory"])
+    except Exception:
+        return None
 
 
 @contextlib.asynccontextmanager

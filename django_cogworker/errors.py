@@ -34,7 +34,12 @@ class RedisUnavailable(CogworkerError):
 class RedisRefused(CogworkerError):
     """Redis answered a command with an error (out of memory under
     maxmemory, a read-only replica, a key of the wrong type, a lost script);
-    the message gives the server's reason."""
+    the message gives the server's reason. ``full``: the reason is a full
+    Redis (:func:`is_full`)."""
+
+    def __init__(self, message: str, *, full: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
 
 
 class EnqueueRefused(RedisRefused):
@@ -94,6 +99,16 @@ NOT_THE_MASTER_CODES = (
 _CLUSTER_UNREACHABLE = ("cannot be connected", "could not agree on a valid slots", "slots are not covered")
 
 
+def is_pool_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` is this process's connection pool having none left
+    to give (redis-py's MaxConnectionsError, a plain ConnectionError before
+    redis-py 6): no outage, Redis was not even asked."""
+    exhausted = getattr(redis.exceptions, "MaxConnectionsError", None)
+    if exhausted is not None and isinstance(exc, exhausted):
+        return True
+    return isinstance(exc, redis.ConnectionError) and str(exc) == "Too many connections"
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means Redis cannot take commands right now: it cannot
     be reached, it timed out, or the node answered that it is not the master
@@ -120,9 +135,33 @@ class RedisAccessRefused(RedisRefused):
     cogworker needs. Retrying cannot help; the worker exits at boot."""
 
 
-def refusal_at_boot(exc: BaseException) -> str | None:
-    """What to tell the operator when ``exc``, met while starting, is a
-    refusal that no retry will change (None otherwise)."""
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a write because its memory is full
+    (``maxmemory`` reached, with ``noeviction``): an OOM reply, or, from
+    inside a script on Redis 6.2, the same reply after the script's name."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return True
+    return isinstance(exc, redis.ResponseError) and _FULL_REPLY.search(str(exc)) is not None
+
+
+_FULL_REPLY = re.compile(r"(?:^|[\s-])OOM command not allowed")
+
+
+def full_message(used_bytes: int | None = None, maxmemory_bytes: int | None = None) -> str:
+    """How a full Redis is said everywhere (the worker, the API, the admin,
+    ``cogworker_status``), with its figures when they were read."""
+    figures = ""
+    if used_bytes is not None and maxmemory_bytes:
+        figures = f" ({used_bytes / 2**20:.1f} MB used of {maxmemory_bytes / 2**20:.1f} MB maxmemory)"
+    return f"Redis is full{figures}: it refuses new jobs until workers have taken enough of them"
+
+
+def refusal(exc: BaseException) -> str | None:
+    """What to tell the operator when ``exc`` is Redis refusing this client
+    outright, a refusal that no retry will change (None otherwise): at the
+    worker's boot, at ``.delay()``, in the admin and ``cogworker_status``."""
+    if isinstance(exc, redis.AuthenticationError) and "required" in str(exc):  # NOAUTH: none was given
+        return "Redis asks for credentials: set the user and password in REDIS_URL"
     if isinstance(exc, redis.AuthenticationError):
         return (
             "Redis refused the credentials: check the user and password in REDIS_URL "
@@ -141,12 +180,26 @@ def translate(
     """Our error for a redis-py error met while trying to ``doing`` ("enqueue",
     "read the dead set"): :class:`RedisUnavailable` when Redis cannot take
     commands now (:func:`is_unavailable`: unreachable, or a failover under
-    way), ``refused`` (by default :class:`RedisRefused`) for any other
-    answer Redis gave. The message keeps redis-py's text, which names the
-    host and port (or socket path) and never the password. Raise it with
-    ``raise translate(exc, doing) from exc`` (``exc`` loses redis-py's
-    frames: :func:`without_redis_frames`)."""
+    way), :class:`RedisAccessRefused` when Redis refuses this client (a
+    wrong password, a database it does not have: :func:`refusal`),
+    ``refused`` (by default :class:`RedisRefused`) for any other answer
+    Redis gave, saying so when Redis is full. The message keeps redis-py's
+    text, which names the host and port (or socket path) and never the
+    password. Raise it with ``raise translate(exc, doing) from exc``
+    (``exc`` loses redis-py's frames: :func:`without_redis_frames`)."""
     without_redis_frames(exc)
+    # Before is_unavailable: redis-py's AuthenticationError is a
+    # ConnectionError, and a refused password is no outage.
+    access = refusal(exc)
+    if access is not None:
+        return RedisAccessRefused(f"could not {doing}: {access} (Redis said: {exc})")
+    if is_full(exc):
+        return refused(f"could not {doing}: {full_message()} ({exc})", full=True)
+    if is_pool_exhausted(exc):
+        return RedisUnavailable(
+            f"could not {doing}: every connection of this process's Redis pool is in use "
+            f"(raise max_connections in REDIS_OPTIONS) ({exc})"
+        )
     if is_unavailable(exc):
         if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
             return RedisUnavailable(f"could not {doing}: Redis is unreachable ({exc})")

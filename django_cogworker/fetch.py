@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.errors import UnsupportedServer, is_unavailable
+from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
@@ -41,6 +41,10 @@ BLOCKING_TIMEOUT_S = 1.0
 
 #: First pause of an idle thread polling several queues.
 EMPTY_POLL_INTERVAL_S = 0.25
+
+#: A full Redis refuses BLMOVE (it may grow memory): an idle thread then
+#: polls with fetch.lua, which it takes, this long before it blocks again.
+FULL_POLL_S = 5.0
 
 #: How often the paused-queue set is re-read.
 PAUSED_REFRESH_S = 1.0
@@ -207,6 +211,7 @@ class ReliableFetch(Fetcher):
         self.buffer: collections.deque[UnitOfWork] = collections.deque()
         self.acks: list[tuple[UnitOfWork, str]] = []
         self._acks_lock = threading.Lock()
+        self._full_at = -FULL_POLL_S  # monotonic time of the last BLMOVE refused for want of memory
 
     def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
         """The next job; ``done`` (the thread's previous job and its jid) is
@@ -252,7 +257,8 @@ class ReliableFetch(Fetcher):
         k = self.keys
         try:
             acks = self.take_acks()
-            if acks or len(queues) > 1 or not getattr(self._idle, "blocking", False):
+            polling = len(queues) > 1 or time.monotonic() - self._full_at < FULL_POLL_S
+            if acks or polling or not getattr(self._idle, "blocking", False):
                 sent = time.monotonic()
                 found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:
@@ -260,7 +266,7 @@ class ReliableFetch(Fetcher):
                     self._idle.blocking = False
                     queue = queues[int(found[0]) - 1]
                     return [UnitOfWork(queue, raw, sent) for raw in found[1:]]
-                if found or len(queues) > 1:
+                if found or polling:
                     if found:
                         self.report_broken_queue(found[1])
                     self.ctx.ledger.shrink(slots, 0)
@@ -274,12 +280,16 @@ class ReliableFetch(Fetcher):
                 raise
             if is_unknown_command(exc):
                 raise UnsupportedServer(str(exc)) from exc
-            if "WRONGTYPE" in str(exc):
+            if is_full(exc):  # BLMOVE refused: poll for a while (the heartbeat says "full")
+                self._full_at = time.monotonic()
+                self._idle.blocking = False
+            elif "WRONGTYPE" in str(exc):
                 self.report_broken_queue(f"{k.queue(queues[0])}: {exc}".encode())
-                self.ctx.ledger.shrink(slots, 0)
-                self.idle_sleep()
-                return []
-            raise
+            else:
+                raise
+            self.ctx.ledger.shrink(slots, 0)
+            self.idle_sleep()
+            return []
         # Idle with one queue: the next call blocks at once, without a script
         # call first (no polling), until a job comes.
         self._idle.blocking = raw is None
@@ -342,8 +352,10 @@ class ReliableFetch(Fetcher):
 
     def mark_suspect(self, work: UnitOfWork) -> None:
         # If this process dies, recovery counts an orphaning only for this
-        # isolated job, not for one merely held beside it (G3).
-        self.client.set(self.keys.suspect(self.ctx.identity), work.raw, ex=ORPHANINGS_TTL_S)
+        # isolated job, not for one merely held beside it (G3). A script:
+        # a full Redis takes it (suspect.lua), not a SET.
+        keys = [self.keys.suspect(self.ctx.identity), self.inprogress]
+        script("suspect")(self.client, keys, [work.raw, ORPHANINGS_TTL_S])
 
 
 #: The fetch strategies by name: what ``FETCH`` and ``--fetch`` accept.

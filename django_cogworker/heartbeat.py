@@ -7,7 +7,10 @@ stamp on Redis's clock, the registration in ``N:inprogress_identities``, the
 processed/failed counters accumulated since the last beat, and the record of
 the jobs running now (``N:workers:<identity>``: a short summary of each,
 made once per job), all in one script. So the admin is truthful to within
-one beat, and a job costs Redis nothing for them.
+one beat, and a job costs Redis nothing for them. On a full Redis
+(``maxmemory`` reached) the beat is the minimal one, which Redis still
+takes: the presence, the stamps, the registration and the signals; the
+counters and metrics wait in the ledger for a beat with room (SPEC section 8).
 Signals sent through Redis (quiet, stop) are collected on the way.
 """
 
@@ -100,7 +103,7 @@ class Heartbeat:
         args += increments
         args += jobs
         try:
-            registered, signals = script("heartbeat")(
+            registered, signals, full = script("heartbeat")(
                 m.client,
                 [
                     k.process(m.identity),
@@ -119,6 +122,12 @@ class Heartbeat:
         except Exception:
             m.ledger.give_counts_back(processed, failed, tally)
             raise
+        if full:
+            # The minimal beat wrote no counters: they wait for one that can.
+            m.ledger.give_counts_back(processed, failed, tally)
+            m.outage.filled()
+        else:
+            m.outage.has_room()
         if not registered and not self.unregistered:
             logger.error(
                 "could not register in %s (a key of the wrong type?): if this process dies, only a "

@@ -27,9 +27,10 @@ from typing import Any
 
 from django_cogworker import connection, metrics, middleware, persistence, registry, stats, threads
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.errors import RedisAccessRefused, refusal_at_boot, without_redis_frames
+from django_cogworker.errors import RedisAccessRefused, refusal, without_redis_frames
 from django_cogworker.heartbeat import Heartbeat
 from django_cogworker.manager import Manager
+from django_cogworker.outage import is_outage
 from django_cogworker.periodic import Ticker
 from django_cogworker.poller import Poller
 from django_cogworker.recovery import Recovery
@@ -152,15 +153,15 @@ class Launcher:
                 self.manager.outage.succeeded()
                 return True
             except Exception as exc:
-                hint = refusal_at_boot(exc)
+                hint = refusal(exc)
                 if hint is not None:
                     raise RedisAccessRefused(
                         f"cogworker cannot start: Redis at {connection.describe(self.config)} said "
                         f"{str(exc)[:300].rstrip('.')}. {hint[0].upper()}{hint[1:]}."
                     ) from without_redis_frames(exc)
                 if not self.manager.outage.failed(exc):
-                    logger.error("cannot reach Redis at boot (%s: %s); retrying", type(exc).__name__, exc)
-                if not hinted:
+                    logger.error("could not start (%s: %s); retrying", type(exc).__name__, exc)
+                elif not hinted and is_outage(exc):
                     hinted = True
                     logger.error(
                         "cogworker %s waits for Redis at %s: start Redis there, or set "

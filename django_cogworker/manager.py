@@ -18,7 +18,7 @@ from collections import Counter
 
 from django_cogworker import threads
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.connection import fit_pool, get_keys, get_redis, memory, pool_size
 from django_cogworker.errors import BadPayload
 from django_cogworker.fetch import FetchContext, Fetcher
 from django_cogworker.fetching import Fetching
@@ -54,13 +54,14 @@ class Manager:
         self.concurrency = concurrency
         self.shutdown_timeout_s = shutdown_timeout_s
         self.client = get_redis()
+        fit_pool(self.client, config, pool_size(concurrency))
         self.keys = get_keys()
         # Set by SIGTSTP and first thing on stop. Every sleep of a processor
         # (idle backoff, outage backoff, a wait for a slot) waits on it, so
         # none holds up a shutdown (G9).
         self.quiet = threading.Event()
         self.stopping = threading.Event()
-        self.outage = Outage()
+        self.outage = Outage(lambda: memory(self.client))
         self.ledger = Ledger(concurrency, self.quiet)
         self.context = FetchContext(self.client, self.keys, config, identity, queues, self.quiet, self.ledger)
         self.fetching = Fetching(self.context, fetch)

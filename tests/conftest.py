@@ -171,10 +171,11 @@ def redis_binary() -> str:
 class RedisServer:
     """A redis-server process of our own (so tests may restart it)."""
 
-    def __init__(self, directory: str, *, appendonly: bool = False) -> None:
+    def __init__(self, directory: str, *, appendonly: bool = False, binary: str | None = None) -> None:
         self.port = free_port()
         self.directory = directory
         self.appendonly = appendonly
+        self.binary = binary or redis_binary()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -183,7 +184,7 @@ class RedisServer:
 
     def start(self, extra: list[str] | None = None) -> None:
         argv = [
-            redis_binary(),
+            self.binary,
             "--port",
             str(self.port),
             "--bind",
@@ -405,10 +406,12 @@ def own_redis(cog: CogEnv, tmp_path: Path) -> Iterator[Callable[..., RedisServer
     servers: list[RedisServer] = []
     session_url, session_client = cog.url, cog.redis
 
-    def start(*, appendonly: bool = False, extra: list[str] | None = None) -> RedisServer:
+    def start(
+        *, appendonly: bool = False, extra: list[str] | None = None, binary: str | None = None
+    ) -> RedisServer:
         directory = tmp_path / f"redis-{len(servers)}"
         directory.mkdir()
-        server = RedisServer(str(directory), appendonly=appendonly)
+        server = RedisServer(str(directory), appendonly=appendonly, binary=binary)
         server.start(extra)
         servers.append(server)
         if cog.redis is not session_client:

@@ -702,3 +702,41 @@ def test_an_action_posted_while_redis_is_down_answers_503(cog, own_redis, superc
     response = superclient.post(BASE + "dead/action/", form)
     assert response.status_code == 503
     assert "Redis is unreachable" in response.content.decode()
+
+
+def test_a_page_with_a_refused_password_says_so_not_unreachable(cog, own_redis, superclient):
+    """SPEC section 8: the credentials were refused, not "Redis is unreachable"."""
+    server = own_redis()
+    cog.redis.config_set("requirepass", "right-pw")
+    cog.configure(REDIS_URL=f"redis://:wrong-pw@127.0.0.1:{server.port}/0")
+    response = superclient.get(BASE + "dead/")
+    assert response.status_code == 503
+    body = response.content.decode()
+    assert "<title>Redis refused the credentials or the database |" in body
+    assert "check the user and password in REDIS_URL" in body
+    assert "unreachable" not in body and "wrong-pw" not in body and "right-pw" not in body
+
+
+def test_an_action_refused_by_a_full_redis_says_it_is_full(cog, own_redis, superclient):
+    """SPEC section 8: a full Redis is said "full", not "unreachable"."""
+    own_redis()
+    add(cog, "dead", "d1")
+    cog.redis.config_set("maxmemory", cog.redis.info("memory")["used_memory"] // 2)  # full
+    form = {"action": "retry", "select_across": "1", "post": "yes"}
+    response = superclient.post(BASE + "dead/action/", form)
+    body = text(response)
+    assert response.status_code == 503, body
+    assert "<title>Redis is full |" in body and "unreachable" not in body
+    assert "No job is lost while Redis is down" not in body
+    assert zset_jids(cog, "dead") == {"d1"}
+
+
+def test_the_dashboard_says_redis_is_full_with_its_figures(cog, own_redis, superclient):
+    """SPEC section 8: the admin says "full" (its pages still load)."""
+    own_redis()
+    assert "Redis is full" not in text(superclient.get(BASE + "dashboard/"))
+    cog.redis.config_set("maxmemory", cog.redis.info("memory")["used_memory"] // 2)
+    response = superclient.get(BASE + "dashboard/")
+    assert response.status_code == 200
+    body = text(response)
+    assert "Redis is full (" in body and "MB maxmemory)" in body

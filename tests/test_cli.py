@@ -130,6 +130,40 @@ def test_a_wrong_password_or_database_stops_the_worker_at_boot(cog, own_redis, u
     assert "wrong-pw" not in log and "right-pw" not in log
 
 
+@pytest.mark.parametrize(
+    ("userinfo", "db", "hint"),
+    [
+        (":wrong-pw", 0, "Redis refused the credentials: check the user and password in REDIS_URL"),
+        ("", 0, "Redis asks for credentials: set the user and password in REDIS_URL"),
+        (":right-pw", 99, "the database number in REDIS_URL is not one the server has"),
+    ],
+)
+def test_a_wrong_password_or_database_is_said_by_delay_and_cogworker_status(
+    cog, own_redis, userinfo, db, hint
+):
+    """SPEC section 8: the credentials (or the database) were refused, not
+    "Redis is unreachable"; the one classification the worker's boot uses."""
+    from django_cogworker import connection
+    from django_cogworker.errors import RedisAccessRefused
+    from tests.test_worker_logs import status
+
+    server = own_redis()
+    cog.redis.config_set("requirepass", "right-pw")
+    url = f"redis://{userinfo}@127.0.0.1:{server.port}/{db}"
+    cog.configure(REDIS_URL=url)
+    connection.reset()
+    with pytest.raises(RedisAccessRefused) as refused:
+        jobs.record.delay("refused")
+    message = str(refused.value)
+    assert message.startswith(f"could not enqueue: {hint}"), message
+    assert "unreachable" not in message and "wrong-pw" not in message and "right-pw" not in message
+
+    code, out, err = status(cog, url=url)
+    assert code == 2, out + err
+    assert hint in err and "unreachable" not in err, err
+    assert "wrong-pw" not in out + err and "right-pw" not in out + err
+
+
 def test_an_unreachable_redis_at_boot_is_waited_for_with_what_to_do(cog, own_redis):
     server = own_redis()
     server.stop()

@@ -251,3 +251,79 @@ def test_refused_sentinels_fail_an_async_client_at_once_in_one_line(settings):
         f"no sentinel named a master for 'orders' (asked 127.0.0.1:{port}, each once, "
         f"within {SENTINEL_DISCOVERY_TIMEOUT_S:g}s)"
     )
+
+
+# -- the pool of a worker process (SPEC section 8) -----------------------------------------
+
+
+def test_a_worker_at_concurrency_100_has_a_connection_for_every_thread(cog, own_redis):
+    """Every idle processor thread holds a connection while it waits in a
+    blocking fetch; the heartbeat, poller, ticker and housekeeper need their
+    own beside them. A pool smaller than that fails the beat with "Too many
+    connections", which must never be reported as Redis being unreachable."""
+    from tests.conftest import wait_for
+
+    own_redis()
+    worker = cog.start_worker("-c", "100")
+    identity = worker.identity()
+
+    def blocked() -> int:
+        return int(cog.redis.info("clients")["blocked_clients"])
+
+    wait_for(lambda: blocked() >= 100, 30, "the 100 idle threads to wait in a blocking fetch")
+
+    def beat() -> float:
+        return float(cog.redis.hget(cog.key(f"process:{identity}"), "beat") or 0)
+
+    # The heartbeat goes on beside them (every 0.2 s here): three more beats.
+    for _ in range(3):
+        last = beat()
+        wait_for(lambda last=last: beat() > last, 10, "the next beat")
+    jids = [jobs.record.delay(i) for i in range(300)]
+    wait_for(lambda: len(cog.notes()) >= 300, 60, "300 jobs to run")
+    assert sorted(n["jid"] for n in cog.notes()) == sorted(jids)
+    log = worker.log()
+    for wrong in ("Too many connections", "MaxConnectionsError", "unreachable"):
+        assert wrong not in log, log[-3000:]
+
+
+def test_a_pool_with_no_connection_left_is_never_reported_as_an_outage(cog, worker_log):
+    import redis
+
+    from django_cogworker.errors import RedisUnavailable, translate
+    from django_cogworker.outage import Outage
+
+    client = redis.Redis.from_url(cog.url, max_connections=1)
+    held = client.connection_pool.get_connection()
+    try:
+        with pytest.raises(redis.ConnectionError) as raised:
+            client.ping()
+    finally:
+        client.connection_pool.release(held)
+        client.close()
+    exc = raised.value
+    assert Outage().failed(exc)  # handled: retried with backoff, said once
+    said = worker_log.text
+    assert "every connection of this process's Redis pool is in use" in said and "unreachable" not in said
+    error = translate(exc, "enqueue")
+    assert isinstance(error, RedisUnavailable) and "unreachable" not in str(error)
+    assert "raise max_connections in REDIS_OPTIONS" in str(error)
+
+
+def test_credentials_refused_while_working_are_said_as_such_not_as_unreachable(cog, own_redis, worker_log):
+    """A password changed under a running worker: retried like an outage
+    (it may be put right), but said for what it is (SPEC section 8)."""
+    import redis
+
+    from django_cogworker.outage import Outage
+
+    server = own_redis()
+    cog.redis.config_set("requirepass", "right-pw")
+    client = redis.Redis.from_url(f"redis://:wrong-pw@127.0.0.1:{server.port}/0")
+    with pytest.raises(redis.AuthenticationError) as raised:
+        client.ping()
+    client.close()
+    assert Outage().failed(raised.value)
+    said = worker_log.text
+    assert "Redis refused the credentials: check the user and password in REDIS_URL" in said, said
+    assert "unreachable" not in said and "wrong-pw" not in said

@@ -1,6 +1,7 @@
 """The dashboard tab: processed/failed charts (per minute over the last
 hour, per day over the chosen range), the sizes and latency of the largest
-queues, live processes (SPEC section 7). Read only."""
+queues, live processes (SPEC section 7); a note when Redis is full (section
+8). Read only."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from django_cogworker.admin.helpers import (
     render,
     require_view,
 )
+from django_cogworker.errors import full_message
 
 #: Day ranges offered by the dashboard's history chart.
 HISTORY_DAYS = (7, 30, 90)
@@ -62,6 +64,8 @@ def dashboard(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     ctx["queues"] = queue_rows(model_admin, largest)
     ctx["queue_count"] = len(listed)
     ctx["persistence_note"] = api.persistence_note()
+    found = api.memory()
+    ctx["full"] = full_message(found.used_bytes, found.maxmemory_bytes) if found and found.full else ""
     ctx["process_rows"] = process_rows(ctx["processes"])
     ctx["busy"] = sum(p.busy for p in ctx["processes"])
     ctx["threads"] = sum(p.concurrency for p in ctx["processes"])

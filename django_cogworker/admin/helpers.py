@@ -27,7 +27,13 @@ from django.urls import reverse
 from django_cogworker import api, connection
 from django_cogworker.admin.display import When, duration_text
 from django_cogworker.conf import get_config
-from django_cogworker.errors import CogworkerError, RedisRefused, RedisUnavailable, translate
+from django_cogworker.errors import (
+    CogworkerError,
+    RedisAccessRefused,
+    RedisRefused,
+    RedisUnavailable,
+    translate,
+)
 
 #: Jobs per page of a list.
 PER_PAGE = 25
@@ -180,7 +186,8 @@ def when_redis_answers(
     ctx = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.opts,
-        "title": "Redis is unreachable" if isinstance(error, RedisUnavailable) else "Redis refused",
+        "title": _title(error),
+        "unreachable": isinstance(error, RedisUnavailable),
         "address": connection.describe(get_config()),
         "reason": str(error),
         "breadcrumbs_as_list": django.VERSION >= (6, 0),
@@ -200,6 +207,16 @@ class _Page(TemplateResponse):
         if isinstance(value, str):
             return value.encode(self.charset or "utf-8", "backslashreplace")
         return super().make_bytes(value)
+
+
+def _title(error: CogworkerError) -> str:
+    if isinstance(error, RedisUnavailable):
+        return "Redis is unreachable"
+    if isinstance(error, RedisAccessRefused):
+        return "Redis refused the credentials or the database"
+    if isinstance(error, RedisRefused) and error.full:
+        return "Redis is full"
+    return "Redis refused"
 
 
 def render(

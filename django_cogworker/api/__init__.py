@@ -36,7 +36,7 @@ from django_cogworker.api.processes import InProgress, ProcessRecord, ProcessSet
 from django_cogworker.api.queues import Queue, QueueFigures, queue_figures
 from django_cogworker.api.records import ACTIONS, BULK_BATCH_SIZE, PAGE_SIZE, JobRecord, bulk, job_names
 from django_cogworker.api.sets import DeadSet, JobSet, RetrySet, ScheduledSet, SortedSet, UnsettledSet
-from django_cogworker.api.stats import Stats
+from django_cogworker.api.stats import Memory, Stats, memory
 from django_cogworker.persistence import note as persistence_note
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "InProgress",
     "JobRecord",
     "JobSet",
+    "Memory",
     "PeriodicEntries",
     "PeriodicEntry",
     "ProcessRecord",
@@ -65,6 +66,7 @@ __all__ = [
     "deploy_marks",
     "job_names",
     "mark_deploy",
+    "memory",
     "persistence_note",
     "queue_figures",
 ]

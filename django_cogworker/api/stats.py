@@ -13,9 +13,11 @@ exception (SPEC section 8). Redis errors reach the caller as
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
+from django_cogworker import connection
 from django_cogworker.api.parsing import Listing, checked_number, is_wrong_type, names_in, number
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
@@ -130,3 +132,23 @@ class Stats:
         )
         counts = [max(0, number(raw, int)) for raw in values]
         return [(m, counts[i], counts[minutes + i]) for i, m in enumerate(starts)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Redis's memory: ``used_bytes`` and ``maxmemory_bytes`` (0: no
+    limit). ``full``: at its maxmemory, where it refuses new jobs (SPEC
+    section 8) while workers drain it."""
+
+    used_bytes: int
+    maxmemory_bytes: int
+
+    @property
+    def full(self) -> bool:
+        return 0 < self.maxmemory_bytes <= self.used_bytes
+
+
+def memory() -> Memory | None:
+    """Redis's :class:`Memory`, or None when INFO cannot be read (an ACL)."""
+    figures = connection.memory(get_redis())
+    return None if figures is None else Memory(*figures)

@@ -11,7 +11,13 @@
 -- those are acknowledged at once, with their orphan counter, by ack.lua).
 -- Returns {index of the queue, job, job...}; false when every queue is
 -- empty; {0, "<key>: <error>"} when they are empty or broken.
--- LMOVE is atomic: a job is on exactly one of the two lists at every moment.
+-- A job is on exactly one of the two lists at every moment: the script is
+-- atomic, so the RPOP then LPUSH of the first job is one move, as LMOVE is.
+-- Why not LMOVE for it: on a full Redis (maxmemory reached) a script whose
+-- first write may grow memory is refused, LMOVE included; RPOP cannot grow
+-- it, and once a script has written, Redis lets the rest of it write
+-- (6.2 and 7 alike). So a worker goes on fetching from a full Redis, and
+-- every job it finishes frees memory (SPEC section 8).
 local nqueues = tonumber(ARGV[1])
 local inprogress = KEYS[nqueues + 1]
 for i = 3, #ARGV do
@@ -24,8 +30,9 @@ end
 local broken = nil
 local want = tonumber(ARGV[2])
 for i = 1, nqueues do
-  local job = redis.pcall("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
+  local job = redis.pcall("RPOP", KEYS[i])
   if type(job) == "string" then
+    redis.call("LPUSH", inprogress, job)
     local reply = {i, job}
     for _ = 2, want do
       local next_job = redis.call("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")

@@ -12,12 +12,17 @@
 if ARGV[4] == "1" and not redis.call("LPOS", KEYS[1], ARGV[1]) then
   return 0
 end
+-- The counter first: the job ran to its end, so the crashes it sat through
+-- before were not its doing (as in ack.lua); and a DEL cannot grow memory,
+-- so on a full Redis (maxmemory reached), which refuses a script whose
+-- first write may grow it, this one still runs: once a script has written,
+-- Redis lets the rest of it write (6.2 and 7 alike).
+redis.pcall("DEL", KEYS[3])
 -- Write, then remove: Redis does not roll back a script that fails halfway.
 redis.call("ZADD", KEYS[2], ARGV[2], ARGV[3])
 if ARGV[4] == "1" then
   redis.call("LREM", KEYS[1], 1, ARGV[1])
 end
-redis.pcall("DEL", KEYS[3])
 if ARGV[5] ~= "" then
   redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", "(" .. ARGV[5])
 end

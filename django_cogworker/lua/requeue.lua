@@ -1,4 +1,5 @@
 --! include requeue_job.lua
+--! include full_redis.lua
 -- Put the jobs of an in-progress list back on their queues: a presumed-dead
 -- process's list (orphan recovery), or this process's own on shutdown. The
 -- caller read the list and the payloads (requeue.py) and passes every key
@@ -65,6 +66,7 @@ if orphans then
   end
 end
 
+writable_when_full(KEYS[1])
 local moved = 0
 local buried = {}
 local key = 7

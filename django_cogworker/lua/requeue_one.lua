@@ -1,4 +1,5 @@
 --! include requeue_job.lua
+--! include full_redis.lua
 -- One job, if still on an in-progress list, back on its queue: a give-back
 -- (fetched but not going to run) and a stray (on the list, run by no thread).
 -- KEYS[1] = in-progress list, KEYS[2] = the job's queue, KEYS[3] = its
@@ -9,6 +10,7 @@
 if not redis.call("LPOS", KEYS[1], ARGV[1]) then
   return 0
 end
+writable_when_full(KEYS[1])
 local lock_key = false
 if ARGV[3] == "1" then lock_key = KEYS[3] end
 -- Write, then remove: Redis does not roll back a script that fails halfway.

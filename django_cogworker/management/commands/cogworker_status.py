@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_cogworker import api
 from django_cogworker.conf import get_config
 from django_cogworker.connection import describe
-from django_cogworker.errors import CogworkerError
+from django_cogworker.errors import CogworkerError, full_message
 from django_cogworker.escaping import one_line
 
 #: Exit statuses.
@@ -58,7 +58,16 @@ def snapshot() -> dict[str, Any]:
         "dead": stats.dead_size,
         "unsettled": stats.unsettled_size,
     }
-    return {"processes": processes, "queues": queues, **sizes, "persistence_warning": api.persistence_note()}
+    found = api.memory()
+    figures = {} if found is None else {"used_memory": found.used_bytes, "maxmemory": found.maxmemory_bytes}
+    return {
+        "processes": processes,
+        "queues": queues,
+        **sizes,
+        **figures,
+        "full": bool(found and found.full),
+        "persistence_warning": api.persistence_note(),
+    }
 
 
 def as_text(report: dict[str, Any]) -> str:
@@ -68,6 +77,8 @@ def as_text(report: dict[str, Any]) -> str:
     lines = [f"Redis {report['redis']}"]
     if report["persistence_warning"]:
         lines.append(f"warning: {report['persistence_warning']}")
+    if report["full"]:
+        lines.append(full_message(report["used_memory"], report["maxmemory"]))
     processes = report["processes"]
     lines.append(f"processes: {len(processes)} live")
     for p in processes:
