@@ -32,7 +32,9 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": [DEFAULT_QUEUE],
     "CONCURRENCY": 10,
     "FETCH": "reliable",  # a name of fetch.STRATEGIES
-    "CPU_AFFINITY": "auto",  # or None, or a list of CPU numbers (affinity.py)
+    # None: the CPUs, scheduling policy and niceness stay as the OS gave them
+    # (G21); "auto" or a list of CPU numbers pins each process (affinity.py).
+    "CPU_AFFINITY": None,
     # Long enough to ride out a Redis failover or a stalled process, short
     # enough that a crashed worker's jobs come back within minutes.
     "ORPHAN_THRESHOLD": 300,
@@ -80,7 +82,7 @@ class Config:
     queues: tuple[QueueSpec, ...]
     concurrency: int
     fetch: str
-    #: "auto", None, or the CPUs listed (see :mod:`django_cogworker.affinity`).
+    #: None (the OS decides), "auto", or the CPUs listed (see :mod:`django_cogworker.affinity`).
     cpu_affinity: str | tuple[int, ...] | None
     orphan_threshold_s: float
     max_orphanings: int

@@ -573,17 +573,18 @@ def test_e027_a_metrics_token_or_none_is_valid_and_never_shown():
 
 
 @pytest.mark.parametrize("value", ["auto", None, [0], (1, 3)])
-def test_cpu_affinity_accepts_auto_none_and_cpu_lists(value):
+def test_cpu_affinity_accepts_none_auto_and_cpu_lists(value):
     assert run({"CPU_AFFINITY": value}) == []
 
 
 @pytest.mark.parametrize("value", ["all", [], [-1], [True], ["0"], 0, [1.0]])
-def test_e028_cpu_affinity_must_be_auto_none_or_cpu_numbers(value):
+def test_e028_cpu_affinity_must_be_none_auto_or_cpu_numbers(value):
     assert run({"CPU_AFFINITY": value}) == [
         error(
-            "COGWORKER['CPU_AFFINITY'] must be 'auto', None or a non-empty list of CPU numbers, "
+            "COGWORKER['CPU_AFFINITY'] must be None, 'auto' or a non-empty list of CPU numbers, "
             f"got {value!r}.",
-            "'auto' (the default) keeps each worker process on one CPU; None lets it use any.",
+            "None (the default) leaves the CPUs to the OS; 'auto' pins each worker process, "
+            "and everything its jobs start, to one CPU.",
             "cogworker.E028",
         )
     ]

@@ -80,9 +80,10 @@ def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
     if not cpu_affinity_valid(values["CPU_AFFINITY"]):
         errors.append(
             error(
-                f"COGWORKER['CPU_AFFINITY'] must be 'auto', None or a non-empty list of CPU numbers, "
+                f"COGWORKER['CPU_AFFINITY'] must be None, 'auto' or a non-empty list of CPU numbers, "
                 f"got {values['CPU_AFFINITY']!r}.",
-                "'auto' (the default) keeps each worker process on one CPU; None lets it use any.",
+                "None (the default) leaves the CPUs to the OS; 'auto' pins each worker process, "
+                "and everything its jobs start, to one CPU.",
                 "cogworker.E028",
             )
         )
