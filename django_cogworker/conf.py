@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "DEAD_MAX_JOBS": 10_000,
     "DEAD_TIMEOUT": 180 * 24 * 3600,
     "ENQUEUE_ON_COMMIT": True,
+    # .delay()'s push and the fetch call past redis-py's layers, where
+    # redispy.py finds it safe (direct.py); False: redis-py's public API only.
+    "FAST_PATH": True,
     "PERIODIC": [],
     "MIDDLEWARE": {"client": [], "server": []},
     "ERROR_HANDLERS": [],
@@ -96,6 +99,8 @@ class Config:
     dead_max_jobs: int
     dead_timeout_s: float
     enqueue_on_commit: bool
+    #: Whether :mod:`django_cogworker.direct` may take its lean round trip.
+    fast_path: bool
     periodic: tuple[dict[str, Any], ...]
     client_middleware: tuple[str, ...]
     server_middleware: tuple[str, ...]
@@ -205,6 +210,7 @@ def get_config() -> Config:
         dead_max_jobs=int(values["DEAD_MAX_JOBS"]),
         dead_timeout_s=float(values["DEAD_TIMEOUT"]),
         enqueue_on_commit=bool(values["ENQUEUE_ON_COMMIT"]),
+        fast_path=bool(values["FAST_PATH"]),
         periodic=tuple(values["PERIODIC"]),
         client_middleware=tuple(middleware.get("client", ())),
         server_middleware=tuple(middleware.get("server", ())),

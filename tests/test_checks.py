@@ -399,6 +399,22 @@ def test_e016_enqueue_on_commit():
     ]
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_fast_path_accepts_true_and_false(value):
+    assert run({"FAST_PATH": value}) == []
+
+
+@pytest.mark.parametrize("value", [1, "false", None])
+def test_e016_fast_path_must_be_true_or_false(value):
+    assert run({"FAST_PATH": value}) == [
+        error(
+            f"COGWORKER['FAST_PATH'] must be True or False, got {value!r}.",
+            "The default is True.",
+            "cogworker.E016",
+        )
+    ]
+
+
 @pytest.mark.parametrize("middleware", [["x"], {"client": [], "sever": []}, None])
 def test_e017_middleware_shape(middleware):
     assert run({"MIDDLEWARE": middleware}) == [

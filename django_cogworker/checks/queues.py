@@ -1,7 +1,7 @@
 """Checks of what a worker fetches and how: ``QUEUES`` (E013, E014, the rule
 itself in :func:`django_cogworker.conf.queue_list_problems`), ``FETCH``
 (E015, the names of :data:`django_cogworker.fetch.STRATEGIES`),
-``ENQUEUE_ON_COMMIT`` (E016) and ``CPU_AFFINITY`` (E028)."""
+``ENQUEUE_ON_COMMIT`` and ``FAST_PATH`` (E016) and ``CPU_AFFINITY`` (E028)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from django.core.checks import CheckMessage
 
 from django_cogworker.affinity import AUTO
 from django_cogworker.checks.base import error
-from django_cogworker.conf import QueueSpec, parse_queue, queue_list_problems
+from django_cogworker.conf import DEFAULTS, QueueSpec, parse_queue, queue_list_problems
 from django_cogworker.fetch import STRATEGIES
+
+#: The switches (E016).
+BOOLS = ("ENQUEUE_ON_COMMIT", "FAST_PATH")
 
 
 def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
@@ -69,14 +72,15 @@ def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E015",
             )
         )
-    if not isinstance(values["ENQUEUE_ON_COMMIT"], bool):
-        errors.append(
-            error(
-                f"COGWORKER['ENQUEUE_ON_COMMIT'] must be True or False, got {values['ENQUEUE_ON_COMMIT']!r}.",
-                "The default is True.",
-                "cogworker.E016",
+    for key in BOOLS:
+        if not isinstance(values[key], bool):
+            errors.append(
+                error(
+                    f"COGWORKER[{key!r}] must be True or False, got {values[key]!r}.",
+                    f"The default is {DEFAULTS[key]!r}.",
+                    "cogworker.E016",
+                )
             )
-        )
     if not cpu_affinity_valid(values["CPU_AFFINITY"]):
         errors.append(
             error(
