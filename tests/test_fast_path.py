@@ -193,7 +193,7 @@ def proxied(plain: CogEnv) -> Iterator[Callable[..., ReplyHoldingProxy]]:
         proxy = ReplyHoldingProxy(port)
         made.append(proxy)
         options = {
-            "socket_timeout": 1.0,
+            "socket_timeout": 2.0,
             "retry": Retry(NoBackoff(), retries),
             "retry_on_error": [redis.TimeoutError],  # redis-py 5 retries only these
         }
