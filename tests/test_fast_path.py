@@ -33,9 +33,10 @@ OFF = "cogworker's fast path is off, redis-py's public API is used: "
 
 
 @pytest.fixture
-def plain(cog: CogEnv, own_redis: Any) -> CogEnv:
+def plain(cog: CogEnv, own_redis: Any, monkeypatch: pytest.MonkeyPatch) -> CogEnv:
     own_redis()
     connection.reset()
+    monkeypatch.setattr(redispy, "_said", set())  # "once per process": once per test here
     return cog
 
 
