@@ -1,19 +1,23 @@
-"""The CPU a worker process keeps its threads on (``CPU_AFFINITY``).
+"""The CPU a worker process keeps its threads on, when ``CPU_AFFINITY``
+asks for one (G21).
 
-Duties: choose, for each worker process, the one CPU its threads run on
-(``"auto"``: the least busy of the CPUs the process may use, a different one
-for each process of ``--processes``, on different cores first; a list: the
-i-th listed for the i-th process; ``None``: none, the OS places the
-threads); pin every thread of the process to it; never stop a worker
-because it could not be pinned.
+Duties: by default (``None``) touch nothing: the process, its threads and
+whatever a job starts (subprocesses, thread pools, BLAS threads) keep the
+CPUs, the scheduling policy and the niceness the OS gave them. Only when
+the user sets it: choose, for each worker process, the one CPU its threads
+run on (``"auto"``: the least busy of the CPUs the process may use, a
+different one for each process of ``--processes``, on different cores
+first; a list: the i-th listed for the i-th process); pin every thread of
+the process to it; never stop a worker because it could not be pinned.
 
-Why: a worker process runs Python on one core at a time (the GIL), and its
-threads hand the GIL and their jobs to one another several times a job. On
-one CPU a hand-off is a switch between threads; across CPUs it is a wake-up
-of another CPU, which costs more than the job's own Python, most of all on
-virtual machines. What is traded: C code that runs without the GIL (numpy,
-torch, Pillow, hashing, compression) gets one core per process instead of
-all of them; ``None`` gives it back, and so do more processes.
+Why one may ask for it: a worker process runs Python on one core at a time
+(the GIL), and its threads hand the GIL and their jobs to one another
+several times a job. On one CPU a hand-off is a switch between threads;
+across CPUs it is a wake-up of another CPU, which can cost more than the
+job's own Python on virtual machines. What it costs, and why it is not the
+default: everything a job runs gets that one CPU, C code that runs without
+the GIL (numpy, BLAS, torch, Pillow, hashing, compression) and every
+subprocess it starts (ffmpeg, a compiler) included.
 
 A pinned process's threads also run under ``SCHED_BATCH``: on one CPU, a
 thread woken by another (its job handed over, the GIL released) would
@@ -175,5 +179,9 @@ def apply(setting: Setting) -> int | None:
     except OSError as exc:
         logger.warning("cogworker could not keep its threads on CPU %d (%s); they run on any CPU", cpu, exc)
         return None
-    logger.info("cogworker keeps its threads on CPU %d (CPU_AFFINITY; None lets them run on any CPU)", cpu)
+    logger.info(
+        "cogworker keeps its threads on CPU %d under SCHED_BATCH, as CPU_AFFINITY asks: jobs and what they "
+        "start share that one CPU (None, the default, leaves the CPUs to the OS)",
+        cpu,
+    )
     return cpu

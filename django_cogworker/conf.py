@@ -34,7 +34,9 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": [DEFAULT_QUEUE],
     "CONCURRENCY": 10,
     "FETCH": "reliable",  # a name of fetch.STRATEGIES
-    "CPU_AFFINITY": "auto",  # or None, or a list of CPU numbers (affinity.py)
+    # None: the CPUs, scheduling policy and niceness stay as the OS gave them
+    # (G21); "auto" or a list of CPU numbers pins each process (affinity.py).
+    "CPU_AFFINITY": None,
     # Long enough to ride out a Redis failover or a stalled process, short
     # enough that a crashed worker's jobs come back within minutes.
     "ORPHAN_THRESHOLD": 300,
@@ -49,6 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "DEAD_MAX_JOBS": 10_000,
     "DEAD_TIMEOUT": 180 * 24 * 3600,
     "ENQUEUE_ON_COMMIT": True,
+    # .delay()'s push and the fetch call past redis-py's layers, where
+    # redispy.py finds it safe (direct.py); False: redis-py's public API only.
+    "FAST_PATH": True,
     "PERIODIC": [],
     "MIDDLEWARE": {"client": [], "server": []},
     "ERROR_HANDLERS": [],
@@ -82,7 +87,7 @@ class Config:
     queues: tuple[QueueSpec, ...]
     concurrency: int
     fetch: str
-    #: "auto", None, or the CPUs listed (see :mod:`django_cogworker.affinity`).
+    #: None (the OS decides), "auto", or the CPUs listed (see :mod:`django_cogworker.affinity`).
     cpu_affinity: str | tuple[int, ...] | None
     orphan_threshold_s: float
     max_orphanings: int
@@ -96,6 +101,8 @@ class Config:
     dead_max_jobs: int
     dead_timeout_s: float
     enqueue_on_commit: bool
+    #: Whether :mod:`django_cogworker.direct` may take its lean round trip.
+    fast_path: bool
     periodic: tuple[dict[str, Any], ...]
     client_middleware: tuple[str, ...]
     server_middleware: tuple[str, ...]
@@ -218,6 +225,7 @@ def get_config() -> Config:
         dead_max_jobs=int(values["DEAD_MAX_JOBS"]),
         dead_timeout_s=float(values["DEAD_TIMEOUT"]),
         enqueue_on_commit=bool(values["ENQUEUE_ON_COMMIT"]),
+        fast_path=bool(values["FAST_PATH"]),
         periodic=tuple(values["PERIODIC"]),
         client_middleware=tuple(middleware.get("client", ())),
         server_middleware=tuple(middleware.get("server", ())),

@@ -1,18 +1,22 @@
-"""``CPU_AFFINITY``: the CPU a worker process keeps its threads on, read
+"""``CPU_AFFINITY`` (G21): by default a worker leaves the CPUs, the
+scheduling policy and the niceness of its processes, its threads and what
+its jobs start as the OS gave them; pinned only when the setting asks. Read
 back from ``/proc`` of real worker processes (and of the children of a real
-``--processes`` supervisor), with jobs running through a real Redis."""
+``--processes`` supervisor), and from inside real jobs and the thread pools
+and subprocesses they start, with jobs running through a real Redis."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+from typing import Any
 
 import pytest
 
 from django_cogworker import affinity
 from testproject.testapp import jobs
-from tests.conftest import wait_for
+from tests.conftest import CogEnv, wait_for
 from tests.test_supervisor import children_of, registered
 
 USABLE = affinity.usable()
@@ -20,6 +24,9 @@ USABLE = affinity.usable()
 several_cpus = pytest.mark.skipif(
     len(USABLE) < 2, reason="the test process may use one CPU only: nothing to choose between"
 )
+
+#: What pinning says at start; nothing about CPUs is said unless it was asked for.
+PINNED_LINE = "cogworker keeps its threads on CPU {cpu} under SCHED_BATCH, as CPU_AFFINITY asks"
 
 
 def allowed_cpus(pid: int) -> dict[int, set[int]]:
@@ -40,6 +47,16 @@ def policies_of(pid: int) -> set[int]:
     return found
 
 
+def niceness_of(pid: int) -> set[int]:
+    """The distinct niceness values of the threads of ``pid`` (field 19 of their stat)."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        stat = f"/proc/{pid}/task/{tid}/stat"
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(stat) as fh:  # ended meanwhile
+            found.add(int(fh.read().rpartition(")")[2].split()[16]))
+    return found
+
+
 def cpus_of(pid: int) -> set[frozenset[int]]:
     """The distinct CPU sets of the threads of ``pid``."""
     return {frozenset(cpus) for cpus in allowed_cpus(pid).values()}
@@ -50,9 +67,75 @@ def runs_a_job(cog, pid: int) -> None:
     wait_for(lambda: any(n["tag"] == "on-its-cpu" and n["pid"] == pid for n in cog.notes()), 20, "the job")
 
 
+def scheduling_in(cog: CogEnv, pids: set[int]) -> dict[int, dict[str, Any]]:
+    """Runs ``jobs.scheduling`` until one has run in each process of
+    ``pids``; its note (job, pooled thread, subprocess) by pid."""
+
+    def by_pid() -> dict[int, dict[str, Any]]:
+        return {n["pid"]: n for n in cog.notes() if n["tag"] == "scheduling"}
+
+    def one_in_each() -> bool:
+        if set(by_pid()) >= pids:
+            return True
+        if not cog.redis.llen(cog.key("queue:default")):
+            jobs.scheduling.delay(tag="scheduling")  # all taken: another, for a process that has none yet
+        return False
+
+    wait_for(one_in_each, 60, f"a scheduling job in each of {sorted(pids)}")
+    found = by_pid()
+    assert set(found) == pids
+    return found
+
+
+def assert_as_the_os_gave(cog: CogEnv, pids: set[int], parent: dict[str, Any]) -> None:
+    """Every thread of each process, and a job's own thread, pooled thread
+    and subprocess in each, have ``parent``'s CPUs, policy and niceness."""
+    for pid, note in scheduling_in(cog, pids).items():
+        for where in ("job", "pooled", "subprocess"):
+            assert note[where] == parent, (pid, where, note[where], parent)
+        assert cpus_of(pid) == {frozenset(parent["cpus"])}
+        assert policies_of(pid) == {parent["policy"]}
+        assert niceness_of(pid) == {parent["nice"]}
+
+
+def test_g21_by_default_jobs_and_what_they_start_get_the_cpus_policy_and_niceness_the_os_gave(cog):
+    """The worker was given this test process's CPUs, policy and niceness:
+    its threads, a job, the job's thread pool and its subprocess keep them."""
+    parent = jobs.scheduling_now()
+    worker = cog.start_worker("--concurrency", "4")
+    worker.identity()
+    assert_as_the_os_gave(cog, {worker.pid}, parent)
+    assert not re.search(r"\bCPU", worker.log()), worker.log()  # the start line says nothing of CPUs
+
+
+def test_g21_by_default_the_children_of_processes_2_keep_what_the_os_gave(cog):
+    parent = jobs.scheduling_now()
+    supervisor = cog.start_worker("--processes", "2", "--concurrency", "2")
+    wait_for(lambda: len(registered(cog)) == 2, 30, "both children to beat")
+    children = children_of(supervisor.pid)
+    assert set(registered(cog).values()) == children
+    assert_as_the_os_gave(cog, children, parent)
+    assert cpus_of(supervisor.pid) == {frozenset(parent["cpus"])}
+    assert not re.search(r"\bCPU", supervisor.log()), supervisor.log()
+
+
+@several_cpus
+def test_g21_auto_set_explicitly_still_pins_the_worker_and_what_its_jobs_start(cog):
+    """What pinning costs a job that uses more than one core: its thread
+    pool and its subprocesses get the worker's one CPU too."""
+    parent = jobs.scheduling_now()
+    worker = cog.start_worker("--concurrency", "4", CPU_AFFINITY="auto")
+    worker.identity()
+    ((cpu,),) = cpus_of(worker.pid)
+    note = scheduling_in(cog, {worker.pid})[worker.pid]
+    for where in ("job", "pooled", "subprocess"):
+        assert note[where] == {"cpus": [cpu], "policy": os.SCHED_BATCH, "nice": parent["nice"]}, where
+    assert PINNED_LINE.format(cpu=cpu) in worker.log()
+
+
 @several_cpus
 def test_auto_keeps_every_thread_of_a_worker_on_one_cpu(cog):
-    worker = cog.start_worker("--concurrency", "4")
+    worker = cog.start_worker("--concurrency", "4", CPU_AFFINITY="auto")
     worker.identity()
     runs_a_job(cog, worker.pid)
     (only,) = cpus_of(worker.pid)  # the processor threads, heartbeat, poller... alike
@@ -61,9 +144,7 @@ def test_auto_keeps_every_thread_of_a_worker_on_one_cpu(cog):
     # On one CPU, a woken thread waits for the waker to block (affinity.py).
     assert policies_of(worker.pid) == {os.SCHED_BATCH}
     (cpu,) = only
-    assert f"cogworker keeps its threads on CPU {cpu} (CPU_AFFINITY; None lets them run on any CPU)" in (
-        worker.log()
-    )
+    assert PINNED_LINE.format(cpu=cpu) in worker.log()
 
 
 def test_none_leaves_the_threads_to_the_os(cog):
@@ -72,7 +153,7 @@ def test_none_leaves_the_threads_to_the_os(cog):
     runs_a_job(cog, worker.pid)
     assert cpus_of(worker.pid) == {frozenset(USABLE)}
     assert policies_of(worker.pid) == {os.SCHED_OTHER}
-    assert "keeps its threads on CPU" not in worker.log()
+    assert "CPU" not in worker.log()
 
 
 def test_a_listed_cpu_is_the_one_used(cog):
@@ -97,7 +178,7 @@ def test_a_cpu_that_cannot_be_used_is_logged_and_the_worker_runs_on_any(cog):
 
 @several_cpus
 def test_processes_each_get_a_cpu_of_their_own(cog):
-    supervisor = cog.start_worker("--processes", "2", "--concurrency", "2")
+    supervisor = cog.start_worker("--processes", "2", "--concurrency", "2", CPU_AFFINITY="auto")
     wait_for(lambda: len(registered(cog)) == 2, 30, "both children to beat")
     children = children_of(supervisor.pid)
     assert set(registered(cog).values()) == children

@@ -487,6 +487,22 @@ def test_e016_enqueue_on_commit():
     ]
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_fast_path_accepts_true_and_false(value):
+    assert run({"FAST_PATH": value}) == []
+
+
+@pytest.mark.parametrize("value", [1, "false", None])
+def test_e016_fast_path_must_be_true_or_false(value):
+    assert run({"FAST_PATH": value}) == [
+        error(
+            f"COGWORKER['FAST_PATH'] must be True or False, got {value!r}.",
+            "The default is True.",
+            "cogworker.E016",
+        )
+    ]
+
+
 @pytest.mark.parametrize("middleware", [["x"], {"client": [], "sever": []}, None])
 def test_e017_middleware_shape(middleware):
     assert run({"MIDDLEWARE": middleware}) == [
@@ -680,17 +696,18 @@ def test_e027_a_metrics_token_or_none_is_valid_and_never_shown():
 
 
 @pytest.mark.parametrize("value", ["auto", None, [0], (1, 3)])
-def test_cpu_affinity_accepts_auto_none_and_cpu_lists(value):
+def test_cpu_affinity_accepts_none_auto_and_cpu_lists(value):
     assert run({"CPU_AFFINITY": value}) == []
 
 
 @pytest.mark.parametrize("value", ["all", [], [-1], [True], ["0"], 0, [1.0]])
-def test_e028_cpu_affinity_must_be_auto_none_or_cpu_numbers(value):
+def test_e028_cpu_affinity_must_be_none_auto_or_cpu_numbers(value):
     assert run({"CPU_AFFINITY": value}) == [
         error(
-            "COGWORKER['CPU_AFFINITY'] must be 'auto', None or a non-empty list of CPU numbers, "
+            "COGWORKER['CPU_AFFINITY'] must be None, 'auto' or a non-empty list of CPU numbers, "
             f"got {value!r}.",
-            "'auto' (the default) keeps each worker process on one CPU; None lets it use any.",
+            "None (the default) leaves the CPUs to the OS; 'auto' pins each worker process, "
+            "and everything its jobs start, to one CPU.",
             "cogworker.E028",
         )
     ]

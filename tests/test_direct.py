@@ -313,19 +313,22 @@ def test_a_resp3_push_ahead_of_the_reply_is_handled_as_redis_py_does(
     plain: CogEnv, opened: Callable[[redis.Redis], Any]
 ) -> None:
     client = redis.Redis.from_url(plain.url, protocol=3)
-    conn = opened(client)
-    assert direct._lean_parser(conn) is not None
+    lean, public = opened(client), opened(client)
+    assert direct._lean_parser(lean) is not None
     key = plain.key("tracked")
     plain.redis.set(key, b"old")
-    assert direct._roundtrip(conn, ("CLIENT", "TRACKING", "ON")) in (b"OK", "OK")
-    assert direct._roundtrip(conn, ("GET", key)) == b"old"  # tracked from now on
-    plain.redis.set(key, b"new")  # Redis pushes an invalidation to conn
-    assert conn._sock is not None
+    for conn in (lean, public):
+        assert public_round_trip(conn, "CLIENT", "TRACKING", "ON") in (b"OK", "OK")
+        assert public_round_trip(conn, "GET", key) == b"old"  # tracked from now on
+    plain.redis.set(key, b"new")  # Redis pushes an invalidation to both
     deadline = time.monotonic() + 10
-    while not select.select([conn._sock], [], [], 0.05)[0]:
+    while len(select.select([lean._sock, public._sock], [], [], 0.05)[0]) < 2:
         assert time.monotonic() < deadline, "no invalidation arrived"
-    assert direct._roundtrip(conn, ("GET", key)) == b"new"  # the push first, then this reply
-    assert direct._roundtrip(conn, ("PING",)) in (b"PONG", "PONG")
+    replies = [direct._roundtrip(lean, ("GET", key)), direct._roundtrip(lean, ("PING",))]
+    assert replies == [public_round_trip(public, "GET", key), public_round_trip(public, "PING")]
+    if getattr(lean._parser, "_hiredis_PushNotificationType", None) is not None:
+        # This redis-py reads a push apart (redis-py 5 returns it as the reply, its own way and ours).
+        assert replies[0] == b"new" and replies[1] in (b"PONG", "PONG")
     client.close()
 
 

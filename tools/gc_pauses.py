@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What the garbage collector costs a busy worker: its collections while one runs N no-op jobs.
 
-Runs a worker (a ``Launcher`` in a thread, pinned as ``manage.py
-cogworker`` pins itself) in the harness's virtualenv with its settings and
+Runs a worker (a ``Launcher`` in a thread, with ``CPU_AFFINITY`` applied
+as ``manage.py cogworker`` applies it) in the harness's virtualenv with its settings and
 this checkout's code, against a redis-server of its own; the N jobs are
 queued first, from the same process, and their payloads freed before the
 worker starts. Prints each generation's collections while the worker

@@ -11,8 +11,8 @@ with ``time.perf_counter()`` (one clock for every process of the machine):
   arguments checked), at ``client._push``, at ``direct.call`` (the
   ``LPUSH`` goes on a connection of its own) and when the command is packed
   (``direct._pack``, just before its bytes are handed to the socket);
-- in the worker (this process: a ``Launcher`` in a thread, pinned by
-  ``CPU_AFFINITY`` as ``manage.py cogworker`` pins itself): when the
+- in the worker (this process: a ``Launcher`` in a thread, with
+  ``CPU_AFFINITY`` applied as ``manage.py cogworker`` applies it): when the
   reliable fetch returns the job (``ReliableFetch.fetch``, after redis-py
   has read and parsed the ``BLMOVE`` reply), when ``Processor.process`` and
   ``execution.execute`` are entered, and the job function's first line.

@@ -15,8 +15,8 @@ used from the first job's record to the last's are read from ``/proc`` and
 ``INFO cpu``, and, per job over the same span, the worker's CPU and its
 threads' context switches, those forced on them apart
 (``/proc/<pid>/task/*/status``). The commands alternate, ``--repeat``
-times each: one process and ``--processes 2``, with the default ``CPU_AFFINITY`` ("auto")
-and with ``None`` (threads on any CPU). ``--job sha256`` runs, instead of the
+times each: one process and ``--processes 2``, pinned (``CPU_AFFINITY`` "auto")
+and with ``None`` (the default: threads on any CPU). ``--job sha256`` runs, instead of the
 harness's no-op, a job that hashes 8 MB before its record: C code that
 releases the GIL, what pinning a process to one CPU costs most. ``--policy``
 runs, instead, one pinned process with its threads under ``SCHED_BATCH``
@@ -212,7 +212,8 @@ def main() -> None:
         url = f"redis://127.0.0.1:{port}/0"
         apps = ["workloads.cogbench_app", "scalingapp"]
         threads = {"CONCURRENCY": args.concurrency}
-        Path(tmp, "scaling_settings.py").write_text(benchenv.settings_py(url, apps, threads))
+        pinned = benchenv.settings_py(url, apps, {**threads, "CPU_AFFINITY": "auto"})
+        Path(tmp, "scaling_settings.py").write_text(pinned)
         Path(tmp, "scalingapp").mkdir()
         Path(tmp, "scalingapp", "__init__.py").write_text("")
         Path(tmp, "scalingapp", "jobs.py").write_text(SCALINGAPP_JOBS)

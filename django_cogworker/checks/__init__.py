@@ -7,7 +7,7 @@ imports this package); by topic, each a function of the merged values:
 - :mod:`.numbers`: durations, counts and intervals (E003-E007);
 - :mod:`.connection`: Redis, the embedded server, the namespace, confirmed enqueue
   (E008-E012, E021, E024-E027);
-- :mod:`.queues`: ``QUEUES``, ``FETCH``, ``ENQUEUE_ON_COMMIT``, ``CPU_AFFINITY`` (E013-E016,
+- :mod:`.queues`: ``QUEUES``, ``FETCH``, ``ENQUEUE_ON_COMMIT``, ``FAST_PATH``, ``CPU_AFFINITY`` (E013-E016,
   E028);
 - :mod:`.paths`: ``MIDDLEWARE`` and ``ERROR_HANDLERS`` (E017-E019);
 - :mod:`.periodic`: ``PERIODIC`` (E020, E022, E023).

@@ -1,9 +1,9 @@
 """Checks of what a worker fetches and how: ``QUEUES`` (E013, E014, the rule
 itself in :func:`django_cogworker.conf.queue_list_problems`), ``FETCH``
 (E015, the names of :data:`django_cogworker.fetch.STRATEGIES`),
-``ENQUEUE_ON_COMMIT`` (E016) and ``CPU_AFFINITY`` (E028); and the one
-warning (W001): a job or periodic entry whose queue ``QUEUES`` does not list,
-whose jobs a worker started without ``-q`` would never fetch."""
+``ENQUEUE_ON_COMMIT`` and ``FAST_PATH`` (E016) and ``CPU_AFFINITY`` (E028);
+and the one warning (W001): a job or periodic entry whose queue ``QUEUES``
+does not list, whose jobs a worker started without ``-q`` would never fetch."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from django.core.checks import CheckMessage, Warning
 from django_cogworker import registry
 from django_cogworker.affinity import AUTO
 from django_cogworker.checks.base import error
-from django_cogworker.conf import QueueSpec, get_config, parse_queue, queue_list_problems
+from django_cogworker.conf import DEFAULTS, QueueSpec, get_config, parse_queue, queue_list_problems
 from django_cogworker.fetch import STRATEGIES
 from django_cogworker.periodic.entry import entry_queue, parse_setting
+
+#: The switches (E016).
+BOOLS = ("ENQUEUE_ON_COMMIT", "FAST_PATH")
 
 
 def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
@@ -73,20 +76,22 @@ def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E015",
             )
         )
-    if not isinstance(values["ENQUEUE_ON_COMMIT"], bool):
-        errors.append(
-            error(
-                f"COGWORKER['ENQUEUE_ON_COMMIT'] must be True or False, got {values['ENQUEUE_ON_COMMIT']!r}.",
-                "The default is True.",
-                "cogworker.E016",
+    for key in BOOLS:
+        if not isinstance(values[key], bool):
+            errors.append(
+                error(
+                    f"COGWORKER[{key!r}] must be True or False, got {values[key]!r}.",
+                    f"The default is {DEFAULTS[key]!r}.",
+                    "cogworker.E016",
+                )
             )
-        )
     if not cpu_affinity_valid(values["CPU_AFFINITY"]):
         errors.append(
             error(
-                f"COGWORKER['CPU_AFFINITY'] must be 'auto', None or a non-empty list of CPU numbers, "
+                f"COGWORKER['CPU_AFFINITY'] must be None, 'auto' or a non-empty list of CPU numbers, "
                 f"got {values['CPU_AFFINITY']!r}.",
-                "'auto' (the default) keeps each worker process on one CPU; None lets it use any.",
+                "None (the default) leaves the CPUs to the OS; 'auto' pins each worker process, "
+                "and everything its jobs start, to one CPU.",
                 "cogworker.E028",
             )
         )

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from django_cogworker import current_job, job
 from django_cogworker.conf import get_config
@@ -80,6 +83,31 @@ def error_handler(exc: BaseException, context: dict) -> None:
 @job
 def noop() -> None:
     """Does nothing: used to measure the worker's own cost per job."""
+
+
+# -- what a job gets of the machine (tests/test_affinity.py, G21) ---------------------------
+
+
+def scheduling_now() -> dict[str, object]:
+    """The CPUs the calling thread may run on, its scheduling policy and its niceness."""
+    return {"cpus": sorted(os.sched_getaffinity(0)), "policy": os.sched_getscheduler(0), "nice": os.nice(0)}
+
+
+_SCHEDULING_OF_A_SUBPROCESS = (
+    "import json, os; print(json.dumps({'cpus': sorted(os.sched_getaffinity(0)), "
+    "'policy': os.sched_getscheduler(0), 'nice': os.nice(0)}))"
+)
+
+
+@job
+def scheduling(tag: object = None) -> None:
+    """Notes :func:`scheduling_now` of its own thread, of a thread pool's
+    thread and of a subprocess it starts, as an image or ML job would."""
+    with ThreadPoolExecutor(1) as pool:
+        pooled = pool.submit(scheduling_now).result(60)
+    command = [sys.executable, "-c", _SCHEDULING_OF_A_SUBPROCESS]
+    child = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    _note("runs", tag=tag, job=scheduling_now(), pooled=pooled, subprocess=json.loads(child.stdout))
 
 
 # -- jobs of the guarantee and chaos tests (tests/test_guarantees.py, tests/test_chaos.py) --
