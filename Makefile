@@ -13,7 +13,8 @@ XDIST = $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadf
 # (the suite runs the rest of tests/test_cluster.py).
 RELIABILITY_TESTS ?= $(wildcard tests/test_guarantees.py tests/test_chaos.py tests/test_supervisor.py \
 	tests/test_revival.py tests/test_bounds.py tests/test_stall.py tests/test_deep_payloads.py \
-	tests/test_failover.py) \
+	tests/test_failover.py tests/test_revival_fetch.py tests/test_isolation.py tests/test_full_redis.py \
+	tests/test_lone_surrogates.py tests/test_fast_path.py) \
 	$(addprefix tests/test_cluster.py::,test_g16_the_client_is_a_cluster_client_and_reliable_fetch_is_supported \
 	test_g16_the_boot_scan_finds_an_unregistered_list_on_every_master \
 	test_g16_confirmed_enqueue_on_a_cluster_sync_and_async \
@@ -28,7 +29,7 @@ DEV_PINS := import re, sys, tomllib; \
 	sys.exit(f"not in the dev extra of pyproject.toml: {missing}") if missing else None; \
 	print("\n".join(pins[n] for n in sys.argv[1:]))
 
-.PHONY: venv system-packages demo test test-installed lint tox-latest clean distclean
+.PHONY: venv system-packages demo test test-installed lint tox-latest tox-bounds clean distclean
 
 venv: $(STAMP)
 
@@ -88,6 +89,13 @@ lint: venv
 # Python 3.12 with the newest Django, in as many test processes as make test.
 tox-latest: venv
 	$(BIN)/tox -e py312-django61 -- $(XDIST) $(PYTEST_ARGS)
+
+# The fast path, enqueue and guarantee tests on the oldest and the newest
+# redis-py that pyproject.toml allows, and on Django 6.0 (Python 3.12).
+BOUNDS_TESTS := tests/test_direct.py tests/test_fast_path.py tests/test_enqueue.py tests/test_guarantees.py
+tox-bounds: venv
+	$(BIN)/tox -e py312-django61-redisoldest,py312-django61-redisnewest -- $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/tox -e py312-django60 -- $(XDIST) $(BOUNDS_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts
