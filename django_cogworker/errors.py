@@ -135,6 +135,12 @@ class RedisAccessRefused(RedisRefused):
     cogworker needs. Retrying cannot help; the worker exits at boot."""
 
 
+def is_unknown_command(exc: redis.ResponseError) -> bool:
+    """Whether Redis refused a command it does not know (an old server: G10)."""
+    text = str(exc).lower()
+    return "unknown command" in text or "unknown redis command" in text
+
+
 def is_full(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a write because its memory is full
     (``maxmemory`` reached, with ``noeviction``): an OOM reply, or, from

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable
+from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable, is_unknown_command
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots, UnitOfWork
@@ -46,12 +46,11 @@ EMPTY_POLL_INTERVAL_S = 0.25
 #: polls with fetch.lua, which it takes, this long before it blocks again.
 FULL_POLL_S = 5.0
 
-#: How often the paused-queue set is re-read.
+#: How often the paused-queue set is re-read; a broken queue is logged.
 PAUSED_REFRESH_S = 1.0
+BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
 logger = logging.getLogger("django_cogworker")
-
-BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
 __all__ = ["STRATEGIES", "BasicFetch", "FetchContext", "Fetcher", "ReliableFetch", "UnitOfWork"]
 
@@ -67,11 +66,6 @@ class FetchContext:
     queues: tuple[QueueSpec, ...]
     quiet: threading.Event
     ledger: Ledger
-
-
-def is_unknown_command(exc: redis.ResponseError) -> bool:
-    text = str(exc).lower()
-    return "unknown command" in text or "unknown redis command" in text
 
 
 class Fetcher:

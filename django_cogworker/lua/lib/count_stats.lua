@@ -12,20 +12,18 @@
 -- call after the counters before it were added (Redis does not roll back),
 -- and the heartbeat, which then gives its counts back, would add them twice
 -- on every later beat, and never beat again.
+local function count_one(n, total, day, minute, day_ttl, minute_ttl)
+  if n > 0 then
+    redis.pcall("INCRBY", total, n)
+    redis.pcall("INCRBY", day, n)
+    redis.pcall("EXPIRE", day, day_ttl)
+    redis.pcall("INCRBY", minute, n)
+    redis.pcall("EXPIRE", minute, minute_ttl)
+  end
+end
+
 local function count_stats(total_processed, total_failed, day_processed, day_failed,
                            minute_processed, minute_failed, processed, failed, day_ttl, minute_ttl)
-  processed, failed = tonumber(processed), tonumber(failed)
-  local counters = {
-    {processed, total_processed, day_processed, minute_processed},
-    {failed, total_failed, day_failed, minute_failed},
-  }
-  for _, c in ipairs(counters) do
-    if c[1] > 0 then
-      redis.pcall("INCRBY", c[2], c[1])
-      redis.pcall("INCRBY", c[3], c[1])
-      redis.pcall("EXPIRE", c[3], day_ttl)
-      redis.pcall("INCRBY", c[4], c[1])
-      redis.pcall("EXPIRE", c[4], minute_ttl)
-    end
-  end
+  count_one(tonumber(processed), total_processed, day_processed, minute_processed, day_ttl, minute_ttl)
+  count_one(tonumber(failed), total_failed, day_failed, minute_failed, day_ttl, minute_ttl)
 end
