@@ -12,12 +12,14 @@
 -- Returns {index of the queue, job, job...}; false when every queue is
 -- empty; {0, "<key>: <error>"} when they are empty or broken.
 -- A job is on exactly one of the two lists at every moment: the script is
--- atomic, so the RPOP then LPUSH of the first job is one move, as LMOVE is.
--- Why not LMOVE for it: on a full Redis (maxmemory reached) a script whose
--- first write may grow memory is refused, LMOVE included; RPOP cannot grow
--- it, and once a script has written, Redis lets the rest of it write
--- (6.2 and 7 alike). So a worker goes on fetching from a full Redis, and
--- every job it finishes frees memory (SPEC section 8).
+-- atomic, so an RPOP then LPUSH is one move, as LMOVE is. Why not LMOVE
+-- for the first write: on a full Redis (maxmemory reached) a script whose
+-- first write may grow memory is refused, LMOVE included; RPOP and LREM
+-- cannot grow it, and once a script has written, Redis lets the rest of it
+-- write (6.2 and 7 alike). So a worker goes on fetching from a full Redis,
+-- and every job it finishes frees memory (SPEC section 8). A call that
+-- acknowledges (a busy worker's) has written first, and moves with LMOVE:
+-- one command a job, as on a server with room.
 local nqueues = tonumber(ARGV[1])
 local inprogress = KEYS[nqueues + 1]
 for i = 3, #ARGV do
@@ -29,10 +31,18 @@ end
 -- is: an outage, never "a broken queue".
 local broken = nil
 local want = tonumber(ARGV[2])
+local wrote = #ARGV >= 3
 for i = 1, nqueues do
-  local job = redis.pcall("RPOP", KEYS[i])
+  local job
+  if wrote then
+    job = redis.pcall("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
+  else
+    job = redis.pcall("RPOP", KEYS[i])
+    if type(job) == "string" then
+      redis.call("LPUSH", inprogress, job)
+    end
+  end
   if type(job) == "string" then
-    redis.call("LPUSH", inprogress, job)
     local reply = {i, job}
     for _ = 2, want do
       local next_job = redis.call("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
@@ -45,6 +55,8 @@ for i = 1, nqueues do
       return redis.error_reply(job.err)
     end
     broken = broken or KEYS[i] .. ": " .. job.err
+  else
+    wrote = true  -- an empty RPOP is a write too
   end
 end
 if broken then
