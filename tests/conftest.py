@@ -152,6 +152,19 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def manage_env(cog: CogEnv, url: str | None = None) -> dict[str, str]:
+    """The environment of a ``manage.py`` command run as a process of its
+    own against ``cog``'s Redis (``url``: another server) and settings."""
+    overrides = {**cog.overrides, **({"REDIS_URL": url} if url else {})}
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "COGWORKER_REDIS_URL": url or cog.url,
+        "COGWORKER_OVERRIDES": json.dumps(overrides),
+        "PYTHONPATH": str(ROOT),
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

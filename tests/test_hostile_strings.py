@@ -12,7 +12,6 @@ retried, killed and deleted from their pages."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from django_cogworker.escaping import storable
 from django_cogworker.payload import encode
 from django_cogworker.summaries import summary_field
 from testproject.testapp import jobs
-from tests.conftest import MANAGE, ROOT, wait_for
+from tests.conftest import MANAGE, ROOT, manage_env, wait_for
 from tests.test_deep_payloads import in_progress
 
 urlpatterns = [path("admin/", admin.site.urls), path("cogworker/metrics", views.metrics)]
@@ -156,13 +155,7 @@ def is_stored(set_name: str, record: api.JobRecord) -> bool:
 
 
 def status(cog: Any, *args: str) -> tuple[int, str]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "COGWORKER_REDIS_URL": cog.url,
-        "COGWORKER_OVERRIDES": json.dumps(cog.overrides),
-        "PYTHONPATH": str(ROOT),
-    }
+    env = manage_env(cog)
     done = subprocess.run(
         [sys.executable, str(MANAGE), "cogworker_status", *args],
         env=env,

@@ -8,7 +8,6 @@ the runs observed; the Metrics and Queues pages are paginated."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from django_cogworker import api, metrics, views
 from django_cogworker.api import metrics as api_metrics
 from django_cogworker.keys import keys
 from testproject.testapp import jobs
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, manage_env, wait_for
 from tests.test_metrics_page import BASE, job_url, minute_key, put, row_names, text
 from tests.test_worker_logs import MANAGE, status
 
@@ -131,13 +130,7 @@ def test_a_mark_with_a_lone_surrogate_is_stored_as_text_and_every_page_renders(c
     put(cog, time.time(), ("app.ok", 0.1, False))
     mark = api.mark_deploy("v\ud800")
     assert mark.label == "v\\ud800"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "COGWORKER_REDIS_URL": cog.url,
-        "COGWORKER_OVERRIDES": json.dumps(cog.overrides),
-        "PYTHONPATH": str(ROOT),
-    }
+    env = manage_env(cog)
     # The argument a shell passes for "$(printf 'release-\xff')": not UTF-8.
     done = subprocess.run(
         [sys.executable.encode(), str(MANAGE).encode(), b"cogworker_mark_deploy", b"release-\xff"],

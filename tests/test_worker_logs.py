@@ -19,7 +19,7 @@ import redis
 from django_cogworker.connection import get_keys
 from django_cogworker.payload import encode
 from testproject.testapp import jobs
-from tests.conftest import MANAGE, ROOT, free_port, wait_for
+from tests.conftest import MANAGE, ROOT, free_port, manage_env, wait_for
 
 RECORD = "testproject.testapp.jobs.record"
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) \[\d+\] ")
@@ -189,13 +189,7 @@ def test_reload_restarts_the_worker_when_a_job_is_added(cog, tmp_path):
 
 
 def status(cog, *args: str, url: str | None = None) -> tuple[int, str, str]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "COGWORKER_REDIS_URL": url or cog.url,
-        "COGWORKER_OVERRIDES": json.dumps({**cog.overrides, **({"REDIS_URL": url} if url else {})}),
-        "PYTHONPATH": str(ROOT),
-    }
+    env = manage_env(cog, url)
     done = subprocess.run(
         [sys.executable, str(MANAGE), "cogworker_status", *args],
         env=env,
