@@ -246,11 +246,9 @@ def _cpu_affinity(value: Any) -> str | tuple[int, ...] | None:
 
 
 def _reset(*, setting: str, **kwargs: Any) -> None:
+    # The connection resets its client on the same signal (connection.py).
     if setting == "COGWORKER":
         get_config.cache_clear()
-        from django_cogworker import connection
-
-        connection.reset()
 
 
 setting_changed.connect(_reset)

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,11 +25,13 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+from django.core.signals import setting_changed
 
-from django_cogworker import direct, redis_url, sentinel
+from django_cogworker import direct, errors, redis_url, sentinel
 from django_cogworker.conf import Config, get_config
 from django_cogworker.errors import ConfigurationError, RedisUnavailable, is_unavailable
 from django_cogworker.keys import Keys, keys
+from django_cogworker.sentinel import follow_master as follow_master  # its callers' old name
 
 logger = logging.getLogger("django_cogworker")
 
@@ -254,58 +255,32 @@ def fit_pool(client: Client, config: Config, connections: int) -> None:
         pool.max_connections = connections
 
 
-#: How often a Sentinel client asks the sentinels who the master is, at most
-#: (from the heartbeat, and before an enqueue).
-MASTER_CHECK_INTERVAL_S = 1.0
-
-_masters: dict[int, tuple[Any, float]] = {}  # id(pool) -> (address, monotonic time asked)
-_masters_lock = threading.Lock()
-
-
-def follow_master(client: Client) -> None:
-    """For a Sentinel client: asks the sentinels who the master is (once a
-    second at most) and, when that changed, drops every pooled connection,
-    in use or not, so that the next command goes to the new master.
-
-    Without this the client would stay on a demoted master as long as it
-    answers: after a planned failover (``SENTINEL FAILOVER``) the old master
-    keeps taking writes for several seconds before the sentinels turn it
-    into a replica, and the writes it took then are lost with its data."""
-    pool = getattr(client, "connection_pool", None)
-    if not isinstance(pool, redis.sentinel.SentinelConnectionPool):
-        return
-    now = time.monotonic()
-    with _masters_lock:
-        known = _masters.get(id(pool))
-        if known is not None and now - known[1] < MASTER_CHECK_INTERVAL_S:
-            return
-        _masters[id(pool)] = (known[0] if known else None, now)
-    found = pool.get_master_address()  # raises MasterNotFoundError (an outage) when none is known
-    with _masters_lock:
-        _masters[id(pool)] = (found, now)
-    if known is not None and known[0] is not None and found != known[0]:
-        pool.disconnect()
-        logger.warning(
-            "Sentinel: the master of %r is now %s:%s (was %s:%s); reconnected",
-            pool.service_name,
-            *found,
-            *known[0],
-        )
-
-
 def forget_demoted_master(exc: BaseException) -> None:
     """After a READONLY reply (the server behind a plain URL became a
     replica: a failover behind a DNS name or a managed endpoint), drops
     the process client's pooled connections and ``.delay()``'s own
     (:mod:`django_cogworker.direct`), so the next ones resolve the address
     again and reach the new master instead of asking the replica forever.
-    Sentinel and Cluster clients find the master themselves."""
+    Sentinel and Cluster clients find the master themselves. Called at every
+    :func:`~django_cogworker.errors.redis_boundary` (registered below) and
+    by the worker's :mod:`~django_cogworker.outage`."""
     client = _client
     if isinstance(exc, redis.ReadOnlyError) and client is not None and not is_cluster(client):
         with contextlib.suppress(Exception):
             client.connection_pool.disconnect()
         with contextlib.suppress(Exception):
             direct.drop_idle()
+
+
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "COGWORKER":
+        reset()
+
+
+# The connection reacts to what the settings and the errors say; neither
+# of them imports it (conf.py clears its own cache on the same signal).
+setting_changed.connect(_settings_changed, dispatch_uid="django_cogworker.connection")
+errors.react_with(forget_demoted_master)
 
 
 def memory(client: Client) -> tuple[int, int] | None:

@@ -6,6 +6,10 @@ side): :func:`redis_boundary` (a context manager and decorator) and
 :func:`translate` (for an ``except`` clause of one's own). A caller catches
 :class:`CogworkerError`, never redis-py's classes; the original error stays
 attached as ``__cause__``.
+
+A leaf: errors translate, and know no connection. What must react to an
+error met at the boundary (the connection drops a demoted master's
+connections) registers itself here (:func:`react_with`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Callable
 from types import TracebackType
 
 import redis
@@ -213,6 +218,20 @@ def translate(
     return refused(f"could not {doing}: Redis refused it ({exc})")
 
 
+#: Called with every redis-py error a :func:`redis_boundary` meets, before it
+#: is translated: registered by the module that reacts (the connection), so
+#: that this one imports none of ours.
+_reactions: list[Callable[[BaseException], None]] = []
+
+
+def react_with(reaction: Callable[[BaseException], None]) -> None:
+    """Has ``reaction(exc)`` called for each redis-py error met at a
+    :func:`redis_boundary`, before it is raised as ours (once, however
+    often it is registered)."""
+    if reaction not in _reactions:
+        _reactions.append(reaction)
+
+
 def redis_boundary(doing: str, *, refused: type[RedisRefused] = RedisRefused) -> _Boundary:
     """Raises redis-py's errors from the block (or the decorated function)
     as ours, through :func:`translate`, ``from`` the original::
@@ -242,10 +261,8 @@ class _Boundary(contextlib.ContextDecorator):
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if not isinstance(exc, (redis.RedisError, redis.exceptions.RedisClusterException)):
             return
-        if isinstance(exc, redis.ReadOnlyError):
-            from django_cogworker.connection import forget_demoted_master
-
-            forget_demoted_master(exc)
+        for reaction in _reactions:
+            reaction(exc)
         raise translate(exc, self.doing, refused=self.refused) from exc
 
 

@@ -5,12 +5,16 @@ Duties: give the connections to the sentinels their options
 (``SENTINEL_OPTIONS`` over the ``socket_*`` ones of ``REDIS_OPTIONS``), and
 bound one discovery of the master, however many sentinels fail to answer,
 by :data:`SENTINEL_DISCOVERY_TIMEOUT_S`, its failure said in one line that
-names the sentinels asked. :mod:`django_cogworker.connection` makes the
+names the sentinels asked; follow a master that changed
+(:func:`follow_master`, G15). :mod:`django_cogworker.connection` makes the
 client here.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 import redis
@@ -22,6 +26,8 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 
 from django_cogworker import redis_url
+
+logger = logging.getLogger("django_cogworker")
 
 #: Timeouts of the connections to the sentinels when SENTINEL_OPTIONS sets
 #: none: a sentinel that does not answer must not hold up the discovery of
@@ -68,6 +74,45 @@ def master(
         **{**options, **credentials, "db": target.db},
     )
     return manager.master_for(target.service, redis_class=cls)
+
+
+#: How often a Sentinel client asks the sentinels who the master is, at most
+#: (from the heartbeat, and before an enqueue).
+MASTER_CHECK_INTERVAL_S = 1.0
+
+_masters: dict[int, tuple[Any, float]] = {}  # id(pool) -> (address, monotonic time asked)
+_masters_lock = threading.Lock()
+
+
+def follow_master(client: Any) -> None:
+    """For a Sentinel client: asks the sentinels who the master is (once a
+    second at most) and, when that changed, drops every pooled connection,
+    in use or not, so that the next command goes to the new master.
+
+    Without this the client would stay on a demoted master as long as it
+    answers: after a planned failover (``SENTINEL FAILOVER``) the old master
+    keeps taking writes for several seconds before the sentinels turn it
+    into a replica, and the writes it took then are lost with its data."""
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        return
+    now = time.monotonic()
+    with _masters_lock:
+        known = _masters.get(id(pool))
+        if known is not None and now - known[1] < MASTER_CHECK_INTERVAL_S:
+            return
+        _masters[id(pool)] = (known[0] if known else None, now)
+    found = pool.get_master_address()  # raises MasterNotFoundError (an outage) when none is known
+    with _masters_lock:
+        _masters[id(pool)] = (found, now)
+    if known is not None and known[0] is not None and found != known[0]:
+        pool.disconnect()
+        logger.warning(
+            "Sentinel: the master of %r is now %s:%s (was %s:%s); reconnected",
+            pool.service_name,
+            *found,
+            *known[0],
+        )
 
 
 def _no_master(sentinels: list[Any], service: str) -> str:

@@ -345,6 +345,26 @@ def test_g15_a_plain_url_on_a_demoted_master_is_an_outage_not_a_broken_queue(
     assert worker.alive()
 
 
+def test_g15_a_delay_that_meets_a_demoted_master_connects_again_for_the_next(
+    cog: CogEnv, own_redis: Any
+) -> None:
+    """.delay() on a plain URL whose server became a replica raises
+    RedisUnavailable and drops this process's pooled connections (the
+    client's and .delay()'s own): the next .delay() connects again, so that
+    it reaches a new master behind the same address instead of the replica."""
+    other = own_redis()
+    own_redis()
+    jobs.record.delay("before")
+    cog.redis.replicaof("127.0.0.1", other.port)
+    wait_for(lambda: cog.redis.info("replication")["master_link_status"] == "up", 15, "the replica link")
+    with pytest.raises(errors.RedisUnavailable, match="read only replica"):
+        jobs.record.delay("refused")
+    cog.redis.replicaof("NO", "ONE")
+    before = int(cog.redis.info("stats")["total_connections_received"])
+    jobs.record.delay("after")
+    assert int(cog.redis.info("stats")["total_connections_received"]) > before
+
+
 def test_g15_min_replicas_to_write_refusing_writes_is_an_outage_and_redis_unavailable(
     cog: CogEnv, own_redis: Any
 ) -> None:

@@ -100,3 +100,47 @@ def test_every_key_a_script_touches_comes_in_keys():
             if assigned and assigned[1] in names:
                 offenders.append(f"{path.name}:{number}: builds a key: {code.strip()}")
     assert offenders == []
+
+
+#: The modules that make and hold the Redis connection, with the errors they
+#: translate: no circle among them, lazy imports included (issue 26 item 3).
+CONNECTION_MODULES = ("conf", "connection", "direct", "embedded", "errors", "sentinel", "redis_url", "outage")
+
+
+def package_imports(module: str) -> set[str]:
+    """The package's modules ``module`` imports, anywhere in it (a function
+    body, a TYPE_CHECKING block), by their name inside the package."""
+    tree = ast.parse((PACKAGE / f"{module.replace('.', '/')}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "django_cogworker":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("django_cogworker."):
+            found.add(node.module.removeprefix("django_cogworker."))
+        elif isinstance(node, ast.Import):
+            found |= {
+                a.name.removeprefix("django_cogworker.")
+                for a in node.names
+                if a.name.startswith("django_cogworker.")
+            }
+    return found - {module}
+
+
+def test_errors_is_a_leaf_translating_and_not_reacting():
+    assert package_imports("errors") == set()
+
+
+def test_the_connection_modules_import_each_other_without_a_circle():
+    graph = {m: package_imports(m) & set(CONNECTION_MODULES) for m in CONNECTION_MODULES}
+
+    def reachable(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo += graph[current]
+        return seen
+
+    assert [m for m in CONNECTION_MODULES if m in reachable(m)] == []
