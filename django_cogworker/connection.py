@@ -28,6 +28,7 @@ import redis.sentinel
 from django.core.signals import setting_changed
 
 from django_cogworker import direct, errors, redis_url, sentinel
+from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config, get_config
 from django_cogworker.errors import ConfigurationError, RedisUnavailable, is_unavailable
 from django_cogworker.keys import Keys, keys
@@ -169,7 +170,7 @@ def wait_for_client(stop: threading.Event) -> bool:
     command, whose failures the worker's first beat waits out the same way.
     Without this, a worker started while no node answers (a cluster
     restarting) would exit, and its pod restart in a loop."""
-    delay_s = 0.1
+    pauses = Backoff(max_s=BOOT_RETRY_MAX_S)
     told = False
     while True:
         try:
@@ -189,9 +190,8 @@ def wait_for_client(stop: threading.Event) -> bool:
                     type(exc).__name__,
                     exc,
                 )
-        if stop.wait(delay_s):
+        if stop.wait(pauses.next_s()):
             return False
-        delay_s = min(delay_s * 2, BOOT_RETRY_MAX_S)
 
 
 def describe(config: Config) -> str:
