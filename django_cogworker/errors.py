@@ -218,6 +218,23 @@ def translate(
     return refused(f"could not {doing}: Redis refused it ({exc})")
 
 
+#: What a page catches around its reads of Redis (the admin's, the metrics
+#: endpoint's), to answer 503 for the ones :func:`redis_failure` finds.
+PAGE_CATCHES = (CogworkerError, redis.RedisError, redis.exceptions.RedisClusterException)
+
+
+def redis_failure(exc: BaseException, doing: str) -> CogworkerError | None:
+    """The error a page answers 503 for, from ``exc`` caught as one of
+    :data:`PAGE_CATCHES` while trying to ``doing``: Redis unreachable or
+    refusing (ours as it is, redis-py's through :func:`translate`); None
+    for any other error of ours, which the page raises again."""
+    if isinstance(exc, RedisUnavailable | RedisRefused):
+        return exc
+    if isinstance(exc, CogworkerError):
+        return None
+    return translate(exc, doing)
+
+
 #: Called with every redis-py error a :func:`redis_boundary` meets, before it
 #: is translated: registered by the module that reacts (the connection), so
 #: that this one imports none of ours.

@@ -19,7 +19,6 @@ import logging
 import math
 from collections.abc import Iterator
 
-import redis
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -27,7 +26,7 @@ from django.views.decorators.http import require_safe
 from django_cogworker.api.prometheus import Scrape, scrape
 from django_cogworker.conf import get_config
 from django_cogworker.connection import describe
-from django_cogworker.errors import CogworkerError, RedisRefused, RedisUnavailable, translate
+from django_cogworker.errors import PAGE_CATCHES, RedisUnavailable, redis_failure
 from django_cogworker.metrics import BUCKETS_S
 
 logger = logging.getLogger("django_cogworker")
@@ -52,10 +51,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
         )
     try:
         figures = scrape()
-    except (CogworkerError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        if isinstance(exc, CogworkerError) and not isinstance(exc, RedisUnavailable | RedisRefused):
+    except PAGE_CATCHES as exc:
+        error = redis_failure(exc, "read the metrics")
+        if error is None:
             raise
-        error = exc if isinstance(exc, CogworkerError) else translate(exc, "read the metrics")
         # redis-py's text names the host and port, never the password.
         logger.warning("metrics endpoint: %s", error)
         what = "is unreachable" if isinstance(error, RedisUnavailable) else "refused the reads"

@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import django
-import redis
 from django.contrib.admin import ModelAdmin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
@@ -28,11 +27,12 @@ from django_cogworker import api, connection
 from django_cogworker.admin.display import When, duration_text
 from django_cogworker.conf import get_config
 from django_cogworker.errors import (
+    PAGE_CATCHES,
     CogworkerError,
     RedisAccessRefused,
     RedisRefused,
     RedisUnavailable,
-    translate,
+    redis_failure,
 )
 
 #: Jobs per page of a list.
@@ -178,10 +178,10 @@ def when_redis_answers(
         if isinstance(response, TemplateResponse):
             response.render()
         return response
-    except (CogworkerError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        if isinstance(exc, CogworkerError) and not isinstance(exc, RedisUnavailable | RedisRefused):
+    except PAGE_CATCHES as exc:
+        error = redis_failure(exc, "load this page")
+        if error is None:
             raise
-        error = exc if isinstance(exc, CogworkerError) else translate(exc, "load this page")
     request.current_app = model_admin.admin_site.name
     ctx = {
         **model_admin.admin_site.each_context(request),
