@@ -86,9 +86,16 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# tox finds each env's interpreter on PATH (py312: python3.12). Under pyenv,
+# whose shims answer only for the versions selected, the installed 3.11, 3.12
+# and 3.13 are selected for tox's run, unless PYENV_VERSION is already set.
+PYENV_PYTHONS := $(if $(PYENV_VERSION),,$(shell command -v pyenv >/dev/null 2>&1 && \
+	pyenv versions --bare 2>/dev/null | grep -E '^3\.1[123]\.[0-9]+$$' | paste -sd: -))
+TOX := $(if $(PYENV_PYTHONS),PYENV_VERSION=$(PYENV_PYTHONS) )$(BIN)/tox
+
 # Python 3.12 with the newest Django, in as many test processes as make test.
 tox-latest: venv
-	$(BIN)/tox -e py312-django61 -- $(XDIST) $(PYTEST_ARGS)
+	$(TOX) -e py312-django61 -- $(XDIST) $(PYTEST_ARGS)
 
 # The fast path, enqueue and guarantee tests on the oldest redis-py that
 # pyproject.toml allows, and on Django 6.0 (Python 3.12). The newest redis-py
@@ -96,8 +103,8 @@ tox-latest: venv
 # py312-django61-redisnewest pins it explicitly).
 BOUNDS_TESTS := tests/test_direct.py tests/test_fast_path.py tests/test_enqueue.py tests/test_guarantees.py
 tox-bounds: venv
-	$(BIN)/tox -e py312-django61-redisoldest -- $(XDIST) $(PYTEST_ARGS)
-	$(BIN)/tox -e py312-django60 -- $(XDIST) $(BOUNDS_TESTS) $(PYTEST_ARGS)
+	$(TOX) -e py312-django61-redisoldest -- $(XDIST) $(PYTEST_ARGS)
+	$(TOX) -e py312-django60 -- $(XDIST) $(BOUNDS_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts
