@@ -29,7 +29,7 @@ DEV_PINS := import re, sys, tomllib; \
 	sys.exit(f"not in the dev extra of pyproject.toml: {missing}") if missing else None; \
 	print("\n".join(pins[n] for n in sys.argv[1:]))
 
-.PHONY: venv system-packages demo test test-installed lint tox-latest tox-bounds clean distclean
+.PHONY: venv system-packages demo test test-installed lint tools-smoke tox-latest tox-bounds clean distclean
 
 venv: $(STAMP)
 
@@ -101,6 +101,29 @@ lint: venv
 PYENV_PYTHONS := $(if $(PYENV_VERSION),,$(shell command -v pyenv >/dev/null 2>&1 && \
 	pyenv versions --bare 2>/dev/null | grep -E '^3\.1[123]\.[0-9]+$$' | paste -sd: -))
 TOX := $(if $(PYENV_PYTHONS),PYENV_VERSION=$(PYENV_PYTHONS) )$(BIN)/tox
+
+# Each script of tools/ on a few jobs (--smoke), so that none rots unseen:
+# their figures then mean nothing. redis-with-replica.sh: its replica in sync.
+TOOLS_SMOKE := $(filter-out tools/benchenv.py tools/localredis.py,$(wildcard tools/*.py))
+tools-smoke: SHELL := /bin/bash
+tools-smoke: .SHELLFLAGS := -euo pipefail -c
+tools-smoke: venv
+	scripts/system-packages tools
+	@for tool in $(TOOLS_SMOKE); do \
+		echo "tools-smoke: $$tool --smoke"; \
+		$(BIN)/python "$$tool" --smoke >/dev/null; \
+	done
+	@echo "tools-smoke: tools/redis-with-replica.sh"; \
+	dir=$$(mktemp -d); \
+	port=$$($(BIN)/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	tools/redis-with-replica.sh --port "$$port" --bind 127.0.0.1 --save '' --appendonly no \
+		--dir "$$dir" --logfile "$$dir/redis.log" >/dev/null & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null || true; wait $$pid 2>/dev/null || true; rm -rf "$$dir"' EXIT; \
+	for _ in $$(seq 100); do \
+		redis-cli -p "$$port" info replication 2>/dev/null | grep -q '^slave0:.*state=online' && exit 0; \
+		sleep 0.1; \
+	done; \
+	echo "tools-smoke: no replica in sync with the master of tools/redis-with-replica.sh in 10 s" >&2; exit 1
 
 # Python 3.12 with the newest Django, in as many test processes as make test.
 tox-latest: venv
