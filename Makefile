@@ -29,7 +29,7 @@ DEV_PINS := import re, sys, tomllib; \
 	sys.exit(f"not in the dev extra of pyproject.toml: {missing}") if missing else None; \
 	print("\n".join(pins[n] for n in sys.argv[1:]))
 
-.PHONY: venv system-packages demo test test-installed lint tox-latest tox-bounds clean distclean
+.PHONY: venv system-packages demo test test-installed lint tools-smoke tox-latest tox-bounds clean distclean
 
 venv: $(STAMP)
 
@@ -51,9 +51,18 @@ demo: venv
 system-packages:
 	scripts/system-packages test
 
+# Line coverage of django_cogworker by the test processes (not by the workers
+# they start: see [tool.coverage.run] in pyproject.toml). The whole suite
+# fails under COV_FLOOR percent, the figure it reached, rounded down; a run
+# given PYTEST_ARGS (a few tests) reports the figure without the floor.
+# COV= runs without coverage.
+COV_FLOOR := 31
+COV ?= --cov=django_cogworker --cov-report=term:skip-covered \
+	$(if $(strip $(PYTEST_ARGS)),,--cov-fail-under=$(COV_FLOOR))
+
 # The tests start their own Redis server unless COGWORKER_REDIS_URL is set.
 test: system-packages venv
-	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) $(COV) $(PYTEST_ARGS)
 
 # The sdist and the wheel built from it (from a copy of the files git knows),
 # installed non-editable in a fresh venv with the test tools; then the
@@ -86,9 +95,39 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# tox finds each env's interpreter on PATH (py312: python3.12). Under pyenv,
+# whose shims answer only for the versions selected, the installed 3.11, 3.12
+# and 3.13 are selected for tox's run, unless PYENV_VERSION is already set.
+PYENV_PYTHONS := $(if $(PYENV_VERSION),,$(shell command -v pyenv >/dev/null 2>&1 && \
+	pyenv versions --bare 2>/dev/null | grep -E '^3\.1[123]\.[0-9]+$$' | paste -sd: -))
+TOX := $(if $(PYENV_PYTHONS),PYENV_VERSION=$(PYENV_PYTHONS) )$(BIN)/tox
+
+# Each script of tools/ on a few jobs (--smoke), so that none rots unseen:
+# their figures then mean nothing. redis-with-replica.sh: its replica in sync.
+TOOLS_SMOKE := $(filter-out tools/benchenv.py tools/localredis.py,$(wildcard tools/*.py))
+tools-smoke: SHELL := /bin/bash
+tools-smoke: .SHELLFLAGS := -euo pipefail -c
+tools-smoke: venv
+	scripts/system-packages tools
+	@for tool in $(TOOLS_SMOKE); do \
+		echo "tools-smoke: $$tool --smoke"; \
+		$(BIN)/python "$$tool" --smoke >/dev/null; \
+	done
+	@echo "tools-smoke: tools/redis-with-replica.sh"; \
+	dir=$$(mktemp -d); \
+	port=$$($(BIN)/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	tools/redis-with-replica.sh --port "$$port" --bind 127.0.0.1 --save '' --appendonly no \
+		--dir "$$dir" --logfile "$$dir/redis.log" >/dev/null & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null || true; wait $$pid 2>/dev/null || true; rm -rf "$$dir"' EXIT; \
+	for _ in $$(seq 100); do \
+		redis-cli -p "$$port" info replication 2>/dev/null | grep -q '^slave0:.*state=online' && exit 0; \
+		sleep 0.1; \
+	done; \
+	echo "tools-smoke: no replica in sync with the master of tools/redis-with-replica.sh in 10 s" >&2; exit 1
+
 # Python 3.12 with the newest Django, in as many test processes as make test.
 tox-latest: venv
-	$(BIN)/tox -e py312-django61 -- $(XDIST) $(PYTEST_ARGS)
+	$(TOX) -e py312-django61 -- $(XDIST) $(PYTEST_ARGS)
 
 # The fast path, enqueue and guarantee tests on the oldest redis-py that
 # pyproject.toml allows, and on Django 6.0 (Python 3.12). The newest redis-py
@@ -96,11 +135,11 @@ tox-latest: venv
 # py312-django61-redisnewest pins it explicitly).
 BOUNDS_TESTS := tests/test_direct.py tests/test_fast_path.py tests/test_enqueue.py tests/test_guarantees.py
 tox-bounds: venv
-	$(BIN)/tox -e py312-django61-redisoldest -- $(XDIST) $(PYTEST_ARGS)
-	$(BIN)/tox -e py312-django60 -- $(XDIST) $(BOUNDS_TESTS) $(PYTEST_ARGS)
+	$(TOX) -e py312-django61-redisoldest -- $(XDIST) $(PYTEST_ARGS)
+	$(TOX) -e py312-django60 -- $(XDIST) $(BOUNDS_TESTS) $(PYTEST_ARGS)
 
 clean:
-	rm -rf .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts
+	rm -rf .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts .coverage .coverage.*
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 # Also the virtual environment, the demo database and the embedded Redis data.

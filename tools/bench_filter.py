@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import benchenv
 import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entries", type=int, default=200_000, help="dead jobs to fill (default 200,000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each request; the median is shown")
     parser.add_argument("--label", default="", help="a word printed above the table (before, after)")
+    benchenv.add_smoke(parser)
     options = parser.parse_args(argv)
+    if benchenv.smoke(options):
+        options.entries, options.repeat = 300, 1
 
     with _own_redis() if options.url is None else _given(options.url) as url:
         namespace = f"bench{uuid.uuid4().hex[:10]}"

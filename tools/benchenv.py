@@ -5,11 +5,14 @@ installed editable (``VENV``) on its first run; ``settings_py`` writes
 Django settings like the ones it writes for its run (the admin and the other
 contrib apps, ``CONCURRENCY`` 10, logging at WARNING), for the tools'
 own Redis and apps; ``project`` starts that Redis and writes those settings
-and a tool's app, to run this checkout's code there.
+and a tool's app, to run this checkout's code there. ``--smoke`` (``add_smoke``)
+runs a tool on a few jobs with the interpreter running it, the project's own
+``.venv``: a check that it still runs (``make tools-smoke``), not a figure.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -62,8 +65,30 @@ def settings_py(url: str, apps: list[str], cogworker: dict[str, object] | None =
     return _SETTINGS_PY.format(url=url, apps=apps, extra=cogworker or {})
 
 
+#: --smoke: the interpreter running the tool instead of the harness's.
+_own_python = False
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    """Gives a tool's command line ``--smoke``."""
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few jobs, with this interpreter instead of the harness's: checks that the tool runs",
+    )
+
+
+def smoke(args: argparse.Namespace) -> bool:
+    """Whether ``--smoke`` was given; if so, ``python()`` is from now on the
+    interpreter running the tool."""
+    global _own_python
+    _own_python = _own_python or bool(args.smoke)
+    return bool(args.smoke)
+
+
 def python() -> str:
-    return str(VENV / "bin" / "python")
+    """The harness's interpreter, or with ``--smoke`` the one running the tool."""
+    return sys.executable if _own_python else str(VENV / "bin" / "python")
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="samples of each call")
     parser.add_argument("--redis-server", help="the redis-server binary (default: an installed one)")
+    benchenv.add_smoke(parser)
     args = parser.parse_args()
+    if benchenv.smoke(args):
+        args.calls = 5
     with benchenv.project(
         "cold_calls", args.redis_server, "coldapp", benchenv.NOOP_JOBS_PY, str(ROOT)
     ) as project:

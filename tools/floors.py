@@ -143,7 +143,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--threads", type=int, default=10, help="a worker's CONCURRENCY (the harness's: 10)")
     parser.add_argument("--redis-server", help="the redis-server binary (default: an installed one)")
+    benchenv.add_smoke(parser)
     args = parser.parse_args()
+    if benchenv.smoke(args):
+        args.jobs = 10
     python = benchenv.python()
     if not os.path.exists(python):
         sys.exit(f"floors: no {python}; run the harness once first (shared/bench/run.py)")

@@ -79,7 +79,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--freeze", action="store_true", help="gc.freeze() before the worker starts")
     parser.add_argument("--redis-server", help="the redis-server binary (default: an installed one)")
+    benchenv.add_smoke(parser)
     args = parser.parse_args()
+    if benchenv.smoke(args):
+        args.jobs = 200
     jobs_py = benchenv.NOOP_JOBS_PY
     with benchenv.project("gc_pauses", args.redis_server, "gcapp", jobs_py, str(ROOT)) as project:
         command = [project.python, "-c", WORKER, str(args.jobs), "1" if args.freeze else "0"]

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import benchenv
 import localredis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +156,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per row (about)")
     parser.add_argument("--redis-server", help="the redis-server binary")
+    benchenv.add_smoke(parser)
     args = parser.parse_args()
+    counts, depths, latency_jobs = (1, 5, 20), (10, 100, 1000), 200
+    if benchenv.smoke(args):  # one row of each kind, a few jobs
+        counts, depths, latency_jobs, args.jobs = (1,), (10,), 5, 20
     import redis
 
     with _redis(localredis.server_binary(args.redis_server)) as url, tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +168,7 @@ def main() -> None:
         (work / "growthapp").mkdir()
         (work / "growthapp" / "__init__.py").write_text("")
         (work / "growthapp" / "jobs.py").write_text(textwrap.dedent(JOBS_PY))
-        for count in (1, 5, 20):
+        for count in counts:
             _settings(work, url, count)
         # This process enqueues, with the one-queue settings (the queue is
         # named per call).
@@ -176,8 +181,8 @@ def main() -> None:
 
         client = redis.Redis.from_url(url)
         print("| backlog | jobs | jobs/s | latency p50 ms | p99 ms |\n|---|---|---|---|---|")
-        for count in (1, 5, 20):
-            for depth in (10, 100, 1000):
+        for count in counts:
+            for depth in depths:
                 client.flushall()
                 with _worker(work, count):
                     row = depth_row(client, stamp, depth, _queues(count), args.jobs)
@@ -185,8 +190,8 @@ def main() -> None:
                     f"| {row['row']} | {row['jobs']:,} | {row['per_s']:,.0f} "
                     f"| {row['p50_ms']:.1f} | {row['p99_ms']:.1f} |"
                 )
-        payload_rows(client, stamp, work, min(args.jobs, 5000))
-        latency_rows(client, stamp, work)
+        payload_rows(client, stamp, work, min(args.jobs, 5000), calls=min(args.jobs, 1000))
+        latency_rows(client, stamp, work, latency_jobs)
 
 
 def _queues(count: int) -> list[str]:
@@ -197,11 +202,10 @@ def _settings(work: Path, url: str, count: int) -> None:
     (work / f"growth_{count}.py").write_text(SETTINGS_PY.format(url=url, queues=_queues(count)))
 
 
-def payload_rows(client: object, stamp: object, work: Path, drain: int) -> None:
+def payload_rows(client: object, stamp: object, work: Path, drain: int, calls: int = 1000) -> None:
     print("\n| payload | `.delay()` one at a time /s | jobs/s, queued beforehand |\n|---|---|---|")
     for label, extra in (("small", ()), ("100 KB", ("x" * BLOB_BYTES,))):
         client.flushall()  # type: ignore[attr-defined]
-        calls = 1000
         began = time.perf_counter()
         for _ in range(calls):
             stamp.set(queue="parked").delay(time.time(), *extra)  # type: ignore[attr-defined]

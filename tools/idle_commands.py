@@ -38,7 +38,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--settle", type=float, default=4.0, help="seconds after the start before counting")
     parser.add_argument("--redis-server", help="the redis-server binary (default: an installed one)")
+    benchenv.add_smoke(parser)
     args = parser.parse_args()
+    if benchenv.smoke(args):
+        args.settle, args.seconds = 1.0, 1.0
     cli = shutil.which("redis-cli")
     if cli is None:
         sys.exit("idle_commands: needs redis-cli (apt-get install redis-server)")

@@ -159,7 +159,10 @@ def main() -> None:
         default=str(Path(__file__).resolve().parent.parent),
         help="the checkout whose django_cogworker is measured (default: this one, not the harness's)",
     )
+    benchenv.add_smoke(parser)
     args = parser.parse_args()
+    if benchenv.smoke(args):
+        args.jobs = 10
     with benchenv.project("latency_split", args.redis_server, "latapp", JOBS_PY, args.project) as project:
         tmp = project.tmp
         Path(tmp, "stamps.py").write_text(STAMPS_PY)

@@ -198,8 +198,18 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, default=10, help="threads per worker process (the harness's: 10)"
     )
+    benchenv.add_smoke(parser)
     args = parser.parse_args()
+    if benchenv.smoke(args):
+        args.jobs, args.repeat = 200, 1
+        if not Path(args.bench, "workloads", "cogbench_app").is_dir():
+            # The harness's job and recorder are the workload; without the
+            # harness's checkout there is nothing to run.
+            print(f"scaling: skipped, no harness at {args.bench} (--bench)")
+            return
     rows = POLICY_ROWS if args.policy else ROWS
+    if args.smoke:
+        rows = rows[:2]  # a worker of each command; the settings of the others differ only in CPU_AFFINITY
     python = benchenv.python()
     if not os.path.exists(python):
         sys.exit(
