@@ -29,6 +29,12 @@ UNIQUE_UNTIL = ("success", "start")
 MAX_CALLABLE_SHAPES = 64
 
 
+def is_retry(value: object) -> bool:
+    """Whether ``value`` is a job's ``retry``: True, False, or a whole number
+    of retries >= 0 (a bool is an int: True and False are taken as such)."""
+    return isinstance(value, bool) or (isinstance(value, int) and value >= 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
     func: Callable[..., Any]
@@ -49,9 +55,7 @@ class Job:
                 f"job {self.name!r}: queue {self.queue!r} holds a lone surrogate, which no Redis key can "
                 "carry; name the queue in text that UTF-8 can encode"
             )
-        if isinstance(self.retry, bool) or (isinstance(self.retry, int) and self.retry >= 0):
-            pass
-        else:
+        if not is_retry(self.retry):
             raise TypeError(f"job {self.name!r}: retry must be True, False or a whole number >= 0")
         if self.unique_until not in UNIQUE_UNTIL:
             raise TypeError(f"job {self.name!r}: unique_until must be one of {UNIQUE_UNTIL}")

@@ -27,6 +27,7 @@ from django_cogworker import client, middleware, registry
 from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, get_keys, get_redis
 from django_cogworker.errors import CogworkerError, ConfigurationError
+from django_cogworker.job import RetryIn, is_retry
 from django_cogworker.payload import Payload
 from django_cogworker.tasks import runner
 from django_cogworker.tasks.compat import (
@@ -41,9 +42,7 @@ from django_cogworker.tasks.compat import (
 )
 from django_cogworker.tasks.options import (
     Problem,
-    RetryIn,
     check_retry_in,
-    is_retry,
     is_retry_in,
     parse,
     task_retry,

@@ -19,8 +19,8 @@ from django.utils.module_loading import import_string
 
 from django_cogworker.checks.base import did_you_mean
 from django_cogworker.conf import DEFAULT_QUEUE
+from django_cogworker.job import RetryIn, is_retry
 
-RetryIn = Callable[[int, BaseException], float | int | None]
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: How long a finished task's result is kept, unless ``RESULT_TTL`` says.
@@ -78,10 +78,6 @@ class TaskOptions:
 #: Function attributes set by :func:`retry_options`.
 RETRY_ATTR = "cogworker_retry"
 RETRY_IN_ATTR = "cogworker_retry_in"
-
-
-def is_retry(value: Any) -> bool:
-    return isinstance(value, bool) or (isinstance(value, int) and value >= 0)
 
 
 def is_retry_in(value: Any) -> bool:
@@ -178,7 +174,7 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
         )
         retry = options.retry
     retry_in = raw.get("RETRY_IN")
-    if retry_in is not None and not (callable(retry_in) or (isinstance(retry_in, str) and retry_in)):
+    if not is_retry_in(retry_in):
         problems.append(
             Problem(
                 f"{where}['OPTIONS']['RETRY_IN'] must be None or the dotted path of a callable "
