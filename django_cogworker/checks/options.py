@@ -16,7 +16,7 @@ import redis
 import redis.cluster
 from django.core.checks import CheckMessage
 
-from django_cogworker.checks.base import NUMBER, did_you_mean, error
+from django_cogworker.checks.base import NUMBER, error, unknown_names
 
 HINT = "Each is a keyword argument of redis-py's client (redis.Redis), of the type it takes."
 
@@ -102,8 +102,7 @@ def check_options(key: str, value: object, id_: str, what: str, example: str) ->
         ]
     errors: list[CheckMessage] = []
     names = known()
-    for name in sorted((n for n in value if n not in names), key=str):
-        ending = did_you_mean(name, names) if isinstance(name, str) else "."
+    for name, ending in unknown_names(value, names):
         errors.append(
             error(
                 f"COGWORKER[{key!r}][{name!r}] is not a keyword argument of redis-py's client{ending}",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
-from django_cogworker.checks.base import did_you_mean
+from django_cogworker.checks.base import unknown_names
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.job import RetryIn, is_retry
 
@@ -154,10 +154,10 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
             )
         )
         return TaskOptions(), problems
-    for key in sorted(set(raw) - set(KNOWN), key=str):
+    for key, ending in unknown_names(raw, KNOWN):
         problems.append(
             Problem(
-                f"{where}['OPTIONS'][{key!r}] is not a known option{did_you_mean(key, KNOWN)}",
+                f"{where}['OPTIONS'][{key!r}] is not a known option{ending}",
                 f"Known options: {', '.join(KNOWN)}.",
                 "cogworker.tasks.E001",
             )
