@@ -38,10 +38,12 @@ from django_cogworker.tasks.compat import (
     TaskResult,
     TaskResultDoesNotExist,
     normalize_json,
+    task_backends,
     task_enqueued,
 )
 from django_cogworker.tasks.options import (
     Problem,
+    TaskOptions,
     check_retry_in,
     is_retry_in,
     parse,
@@ -149,7 +151,7 @@ class CogworkerBackend(BaseTaskBackend):
             raise InvalidTask(f"Task {task.module_path}: retry must be True, False or a whole number >= 0.")
         if not is_retry_in(task_retry_in(task)):
             raise InvalidTask(f"Task {task.module_path}: retry_in must be a callable or its dotted path.")
-        runner.register(task)
+        runner.register(task, find_owner)
 
     # -- enqueue -----------------------------------------------------------------
 
@@ -307,6 +309,23 @@ class CogworkerBackend(BaseTaskBackend):
                 id="cogworker.tasks.W001",
             )
         ]
+
+
+def find_owner(alias: str | None, task: Task | None) -> runner.Owner:
+    """The cogworker backend a result belongs to, in this process's TASKS
+    (the record's alias, else the task's): what the runner needs of it.
+    Neither one a cogworker backend: the default options, and this class as
+    the sender of the signals."""
+    for name in (alias, task.backend if task is not None else None):
+        if not name:
+            continue
+        try:
+            found = task_backends[name]
+        except Exception:
+            continue
+        if isinstance(found, CogworkerBackend):
+            return runner.Owner(found.task_options, type(found))
+    return runner.Owner(TaskOptions(), CogworkerBackend)
 
 
 def _with_framework_wording(ours: TypeError, args: Any, kwargs: Any) -> str:
