@@ -41,6 +41,7 @@ from django_cogworker.tasks.compat import (
     task_backends,
     task_enqueued,
 )
+from django_cogworker.tasks.names import job_name
 from django_cogworker.tasks.options import (
     Problem,
     TaskOptions,
@@ -184,7 +185,7 @@ class CogworkerBackend(BaseTaskBackend):
             problem = self.problems[0]
             raise ConfigurationError(f"{problem.message} {problem.hint} (manage.py check lists them all)")
         self.validate_task(task)
-        job = registry.get(runner.job_name(task.module_path))
+        job = registry.get(job_name(task.module_path))
         if job is None:  # validate_task() registers it; only a cleared registry gets here
             raise CogworkerError(f"task {task.module_path} is not registered in this process")
         options = self.task_options

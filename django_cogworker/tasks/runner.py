@@ -42,7 +42,6 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import current_job
 from django_cogworker.job import Job
 from django_cogworker.payload import Payload
-from django_cogworker.tasks import TASK_JOB_PREFIX
 from django_cogworker.tasks.compat import (
     Task,
     TaskContext,
@@ -51,6 +50,7 @@ from django_cogworker.tasks.compat import (
     task_finished,
     task_started,
 )
+from django_cogworker.tasks.names import job_name
 from django_cogworker.tasks.options import TaskOptions, resolve_retry_in, task_retry, task_retry_in
 from django_cogworker.tasks.records import (
     Record,
@@ -83,10 +83,6 @@ class Owner(NamedTuple):
 #: ``(the record's backend alias, the task) -> Owner``: the first of the two
 #: aliases that names a cogworker backend in this process's ``TASKS``.
 FindOwner = Callable[[str | None, Task | None], Owner]
-
-
-def job_name(module_path: str) -> str:
-    return TASK_JOB_PREFIX + module_path
 
 
 def register(task: Task, find_owner: FindOwner) -> None:
