@@ -1,5 +1,5 @@
-"""What every check of ``COGWORKER`` shares: the shape of its errors, and
-the names that are not known, each with the suggestion of the closest
+"""What every check of ``COGWORKER`` shares: the shape of its errors, what
+a number is, and the names that are not known, each with the suggestion of the closest
 known one (the settings, the redis-py options, the Tasks backend's
 ``OPTIONS``)."""
 
@@ -11,6 +11,16 @@ from collections.abc import Collection, Iterable
 from django.core.checks import Error
 
 NUMBER = (int, float)
+
+
+def is_number(v: object) -> bool:
+    """An int or a float, and not a bool (which Python counts as an int)."""
+    return isinstance(v, NUMBER) and not isinstance(v, bool)
+
+
+def is_whole(v: object, least: int) -> bool:
+    """A whole number (not a bool) of at least ``least``."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
 def error(msg: str, hint: str, id_: str) -> Error:
