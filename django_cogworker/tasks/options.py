@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
-from django_cogworker.checks.base import unknown_names
+from django_cogworker.checks.base import is_number, unknown_names
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.job import RetryIn, is_retry
 
@@ -185,7 +185,7 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
         )
         retry_in = None
     ttl = raw.get("RESULT_TTL", options.result_ttl_s)
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+    if not is_number(ttl) or not ttl > 0:
         problems.append(
             Problem(
                 f"{where}['OPTIONS']['RESULT_TTL'] must be a positive number of seconds, got {ttl!r}.",
