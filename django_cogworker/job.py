@@ -31,8 +31,10 @@ MAX_CALLABLE_SHAPES = 64
 
 
 def is_retry(value: object) -> bool:
-    """Whether ``value`` is a job's ``retry``: True, False, or a whole number
-    of retries >= 0 (a bool is an int: True and False are taken as such)."""
+    """Whether ``value`` is a job's ``retry``: True (``DEFAULT_RETRY``
+    retries), False (none), or a whole number of retries >= 0. The one
+    rule for ``@job``, ``.set()``, ``@retry_options`` and the Tasks
+    backend's ``OPTIONS['RETRY']``."""
     return isinstance(value, bool) or (isinstance(value, int) and value >= 0)
 
 
