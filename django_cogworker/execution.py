@@ -112,7 +112,7 @@ def execute(
     ctx = JobContext(
         jid=jid,
         queue=str(payload.get("queue") or queue),
-        retry_count=int(payload["retry_count"]) + 1 if isinstance(payload.get("retry_count"), int) else 0,
+        retry_count=retry.next_retry_count(payload),
         name=job.name,
     )
     token = set_current(ctx)

@@ -1,4 +1,5 @@
-"""``@job`` and the ``Job`` it returns: ``.delay()`` and friends.
+"""The ``Job`` that ``@job`` (:mod:`django_cogworker.registry`) returns:
+``.delay()`` and friends.
 
 ``Job.set(...)`` returns a modified copy (like Django's ``Task.using``), so a
 per-call option never leaks into the registered job.
@@ -12,9 +13,9 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, MutableSet, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal, overload
+from typing import Any
 
-from django_cogworker import client, registry
+from django_cogworker import client
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.escaping import storable
 from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid, new_jids
@@ -27,6 +28,14 @@ UNIQUE_UNTIL = ("success", "start")
 #: Call shapes remembered per job as accepted by its signature (a job
 #: called with many sets of keyword names checks the others each time).
 MAX_CALLABLE_SHAPES = 64
+
+
+def is_retry(value: object) -> bool:
+    """Whether ``value`` is a job's ``retry``: True (``DEFAULT_RETRY``
+    retries), False (none), or a whole number of retries >= 0. The one
+    rule for ``@job``, ``.set()``, ``@retry_options`` and the Tasks
+    backend's ``OPTIONS['RETRY']``."""
+    return isinstance(value, bool) or (isinstance(value, int) and value >= 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +58,7 @@ class Job:
                 f"job {self.name!r}: queue {self.queue!r} holds a lone surrogate, which no Redis key can "
                 "carry; name the queue in text that UTF-8 can encode"
             )
-        if isinstance(self.retry, bool) or (isinstance(self.retry, int) and self.retry >= 0):
-            pass
-        else:
+        if not is_retry(self.retry):
             raise TypeError(f"job {self.name!r}: retry must be True, False or a whole number >= 0")
         if self.unique_until not in UNIQUE_UNTIL:
             raise TypeError(f"job {self.name!r}: unique_until must be one of {UNIQUE_UNTIL}")
@@ -186,38 +193,3 @@ class Job:
         jids = new_jids(len(calls))
         payloads = [self.checked_payload(a, kw, now, jid) for (a, kw), jid in zip(calls, jids, strict=True)]
         return client.enqueue_many(payloads, chunk_size=chunk_size)
-
-
-@overload
-def job(func: Callable[..., Any], /) -> Job: ...
-
-
-@overload
-def job(
-    *,
-    queue: str = ...,
-    retry: bool | int = ...,
-    dead: bool = ...,
-    retry_in: RetryIn | None = ...,
-    on_exhausted: OnExhausted | None = ...,
-    unique_for: float | None = ...,
-    unique_until: Literal["success", "start"] = ...,
-    name: str | None = ...,
-) -> Callable[[Callable[..., Any]], Job]: ...
-
-
-def job(func: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any) -> Any:
-    """Register a function as a job: ``@job`` or ``@job(queue=..., retry=...)``."""
-
-    def wrap(f: Callable[..., Any]) -> Job:
-        made = Job(func=f, name=name or f"{f.__module__}.{f.__qualname__}", **options)
-        dataclasses_update_wrapper(made, f)
-        registry.register(made)
-        return made
-
-    return wrap(func) if func is not None else wrap
-
-
-def dataclasses_update_wrapper(made: Job, func: Callable[..., Any]) -> None:
-    # A frozen dataclass refuses setattr; the docstring is still worth keeping.
-    object.__setattr__(made, "__doc__", func.__doc__)

@@ -179,7 +179,7 @@ class Recovery:
         buried = 0
         for raw in self.client.lrange(self.keys.repeat_orphans, 0, -1):
             entry = {**salvage(raw), **self.repeat_orphan_error()}
-            moved = script("bury_orphan")(
+            moved = script("file_head")(
                 self.client,
                 [self.keys.repeat_orphans, self.keys.dead],
                 [raw, repr(time.time()), encode_stored(entry)],

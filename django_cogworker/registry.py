@@ -1,4 +1,4 @@
-"""The registry: job names to functions.
+"""The registry: job names to functions, and ``@job``, which registers one.
 
 A worker runs only what ``@job`` registered, found by autodiscovering every
 installed app's ``jobs`` module at startup. Nothing is ever imported from a
@@ -18,13 +18,12 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Literal, overload
 
 from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
-if TYPE_CHECKING:
-    from django_cogworker.job import Job
+from django_cogworker.job import Job, OnExhausted, RetryIn
 
 logger = logging.getLogger("django_cogworker")
 
@@ -43,6 +42,41 @@ def register(job: Job) -> None:
     if existing is not None and existing.func is not job.func:
         logger.warning("job name %r registered twice; the later definition wins", job.name)
     _jobs[job.name] = job
+
+
+@overload
+def job(func: Callable[..., Any], /) -> Job: ...
+
+
+@overload
+def job(
+    *,
+    queue: str = ...,
+    retry: bool | int = ...,
+    dead: bool = ...,
+    retry_in: RetryIn | None = ...,
+    on_exhausted: OnExhausted | None = ...,
+    unique_for: float | None = ...,
+    unique_until: Literal["success", "start"] = ...,
+    name: str | None = ...,
+) -> Callable[[Callable[..., Any]], Job]: ...
+
+
+def job(func: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any) -> Any:
+    """Register a function as a job: ``@job`` or ``@job(queue=..., retry=...)``."""
+
+    def wrap(f: Callable[..., Any]) -> Job:
+        made = Job(func=f, name=name or f"{f.__module__}.{f.__qualname__}", **options)
+        dataclasses_update_wrapper(made, f)
+        register(made)
+        return made
+
+    return wrap(func) if func is not None else wrap
+
+
+def dataclasses_update_wrapper(made: Job, func: Callable[..., Any]) -> None:
+    # A frozen dataclass refuses setattr; the docstring is still worth keeping.
+    object.__setattr__(made, "__doc__", func.__doc__)
 
 
 def get(name: str) -> Job | None:

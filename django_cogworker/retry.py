@@ -23,6 +23,14 @@ logger = logging.getLogger("django_cogworker")
 BACKTRACE_MAX_CHARS = 8000
 
 
+def next_retry_count(payload: Payload) -> int:
+    """The ``retry_count`` a failure of this run records, and the running
+    job's ``current_job().retry_count``: 0 on the first run, one more than
+    the payload's on a retry."""
+    count = payload.get("retry_count")
+    return int(count) + 1 if isinstance(count, int) else 0
+
+
 def max_retries(payload: Payload, default_retry: int) -> int:
     value = payload.get("retry", True)
     if value is True:
@@ -66,8 +74,7 @@ def with_failure(payload: Payload, exc: BaseException, now: float, took_s: float
         earlier = failed.get("attempts")
         attempt = {"started_at": round(now - took_s, 6), "ran_s": round(took_s, 6), "error": error_class(exc)}
         failed["attempts"] = [*(earlier if isinstance(earlier, list) else []), attempt][-ATTEMPTS_KEPT:]
-    count = int(failed["retry_count"]) + 1 if isinstance(failed.get("retry_count"), int) else 0
-    failed["retry_count"] = count
+    failed["retry_count"] = next_retry_count(payload)
     failed["error_class"] = error_class(exc)
     failed["error_message"] = str(exc)[:2000]
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

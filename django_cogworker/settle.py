@@ -194,7 +194,7 @@ def file_unsettled(ctx: FetchContext) -> int:
             logger.error("dropping an unreadable unsettled record: %r", record[:200])
             client.lrem(k.unsettled, 1, record)
             continue
-        if script("file_unsettled")(client, [k.unsettled, zset], [record, repr(score), payload]) != 1:
+        if script("file_head")(client, [k.unsettled, zset], [record, repr(score), payload]) != 1:
             break
         filed += 1
     return filed

@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from django_cogworker import api, periodic, registry, testing
+from django_cogworker import api, job, periodic, registry, testing
 from django_cogworker.checks import check_settings
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.cron import Schedule, cron_error, tz_error
 from django_cogworker.execution import execute
-from django_cogworker.job import job
 from django_cogworker.payload import encode
 from django_cogworker.periodic import Entry, Ticker
 from django_cogworker.requeue import PERIODIC_QUEUED_TTL_S

@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from django_cogworker import client, locks, testing, unique
+from django_cogworker import client, job, locks, testing, unique
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import RedisUnavailable
 from django_cogworker.execution import execute
-from django_cogworker.job import job
 from django_cogworker.payload import encode
 from testproject.testapp import jobs
 from tests.conftest import wait_for

@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, register
 
-from django_cogworker.checks.base import did_you_mean, error
+from django_cogworker.checks.base import error, unknown_names
 from django_cogworker.checks.connection import check_connection
 from django_cogworker.checks.numbers import check_intervals, check_numbers
 from django_cogworker.checks.paths import check_dotted_paths
@@ -60,10 +60,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         ]
     errors: list[CheckMessage] = []
-    for key in sorted(set(raw) - set(DEFAULTS), key=str):
+    for key, ending in unknown_names(raw, DEFAULTS):
         errors.append(
             error(
-                f"COGWORKER[{key!r}] is not a known setting{did_you_mean(key, DEFAULTS)}",
+                f"COGWORKER[{key!r}] is not a known setting{ending}",
                 f"Known keys: {', '.join(sorted(DEFAULTS))}.",
                 "cogworker.E002",
             )

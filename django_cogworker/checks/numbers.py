@@ -3,11 +3,12 @@ and the intervals that must fit together (E006, E007)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.core.checks import CheckMessage
 
-from django_cogworker.checks.base import NUMBER, error
+from django_cogworker.checks.base import error, is_number, is_whole
 from django_cogworker.conf import DEFAULTS
 
 POSITIVE_NUMBERS = (
@@ -24,53 +25,38 @@ POSITIVE_INTS = ("CONCURRENCY", "DEAD_MAX_JOBS")
 NON_NEGATIVE_INTS = ("MAX_ORPHANINGS", "DEFAULT_RETRY", "ENQUEUE_WAIT_REPLICAS")
 
 
+#: Each rule: the settings it covers, what their value must be, when a value
+#: is refused (a bool never passes), and the check id.
+RULES: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool], str], ...] = (
+    (
+        POSITIVE_NUMBERS,
+        "a positive number of seconds",
+        lambda v: not is_number(v) or v <= 0,
+        "cogworker.E003",
+    ),
+    (POSITIVE_INTS, "a whole number of at least 1", lambda v: not is_whole(v, 1), "cogworker.E004"),
+    (NON_NEGATIVE_INTS, "a whole number of at least 0", lambda v: not is_whole(v, 0), "cogworker.E005"),
+    (
+        ("SHUTDOWN_TIMEOUT",),
+        "a number of seconds >= 0",
+        lambda v: not is_number(v) or v < 0,
+        "cogworker.E003",
+    ),
+)
+
+
 def check_numbers(values: dict[str, Any]) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    for key in POSITIVE_NUMBERS:
-        v = values[key]
-        if isinstance(v, bool) or not isinstance(v, NUMBER) or v <= 0:
-            errors.append(
-                error(
-                    f"COGWORKER[{key!r}] must be a positive number of seconds, got {v!r}.",
-                    f"The default is {DEFAULTS[key]!r}.",
-                    "cogworker.E003",
-                )
-            )
-    for key in POSITIVE_INTS:
-        v = values[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            errors.append(
-                error(
-                    f"COGWORKER[{key!r}] must be a whole number of at least 1, got {v!r}.",
-                    f"The default is {DEFAULTS[key]!r}.",
-                    "cogworker.E004",
-                )
-            )
-    for key in NON_NEGATIVE_INTS:
-        v = values[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            errors.append(
-                error(
-                    f"COGWORKER[{key!r}] must be a whole number of at least 0, got {v!r}.",
-                    f"The default is {DEFAULTS[key]!r}.",
-                    "cogworker.E005",
-                )
-            )
-    v = values["SHUTDOWN_TIMEOUT"]
-    if isinstance(v, bool) or not isinstance(v, NUMBER) or v < 0:
-        errors.append(
-            error(
-                f"COGWORKER['SHUTDOWN_TIMEOUT'] must be a number of seconds >= 0, got {v!r}.",
-                "The default is 25.",
-                "cogworker.E003",
-            )
-        )
+    for keys, must, refused, id_ in RULES:
+        for key in (k for k in keys if refused(values[k])):
+            message = f"COGWORKER[{key!r}] must be {must}, got {values[key]!r}."
+            errors.append(error(message, f"The default is {DEFAULTS[key]!r}.", id_))
     return errors
 
 
 def check_intervals(values: dict[str, Any]) -> list[CheckMessage]:
     beat, ttl, threshold = values["HEARTBEAT_INTERVAL"], values["HEARTBEAT_TTL"], values["ORPHAN_THRESHOLD"]
-    if not all(isinstance(v, NUMBER) and not isinstance(v, bool) for v in (beat, ttl, threshold)):
+    if not all(is_number(v) for v in (beat, ttl, threshold)):
         return []
     errors: list[CheckMessage] = []
     if ttl <= beat:

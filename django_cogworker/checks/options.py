@@ -16,21 +16,13 @@ import redis
 import redis.cluster
 from django.core.checks import CheckMessage
 
-from django_cogworker.checks.base import NUMBER, did_you_mean, error
+from django_cogworker.checks.base import error, is_number, is_whole, unknown_names
 
 HINT = "Each is a keyword argument of redis-py's client (redis.Redis), of the type it takes."
 
 
 def _positive_s(v: Any) -> bool:
-    return v is None or (_number(v) and v > 0)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, NUMBER) and not isinstance(v, bool)
-
-
-def _whole(v: Any, least: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+    return v is None or (is_number(v) and v > 0)
 
 
 def _text(v: Any) -> bool:
@@ -44,10 +36,10 @@ _TEXT = ("a string or None", _text)
 TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "socket_timeout": _SECONDS,
     "socket_connect_timeout": _SECONDS,
-    "health_check_interval": ("a number of seconds >= 0", lambda v: _number(v) and v >= 0),
-    "max_connections": ("a whole number of at least 1, or None", lambda v: v is None or _whole(v, 1)),
-    "db": ("a whole number of at least 0", lambda v: _whole(v, 0)),
-    "port": ("a whole number of at least 1", lambda v: _whole(v, 1)),
+    "health_check_interval": ("a number of seconds >= 0", lambda v: is_number(v) and v >= 0),
+    "max_connections": ("a whole number of at least 1, or None", lambda v: v is None or is_whole(v, 1)),
+    "db": ("a whole number of at least 0", lambda v: is_whole(v, 0)),
+    "port": ("a whole number of at least 1", lambda v: is_whole(v, 1)),
     "protocol": ("2, 3 or None", lambda v: v in (None, 2, 3) and not isinstance(v, bool)),
     **dict.fromkeys(
         ("socket_keepalive", "retry_on_timeout", "ssl", "ssl_check_hostname", "decode_responses"), _FLAG
@@ -102,8 +94,7 @@ def check_options(key: str, value: object, id_: str, what: str, example: str) ->
         ]
     errors: list[CheckMessage] = []
     names = known()
-    for name in sorted((n for n in value if n not in names), key=str):
-        ending = did_you_mean(name, names) if isinstance(name, str) else "."
+    for name, ending in unknown_names(value, names):
         errors.append(
             error(
                 f"COGWORKER[{key!r}][{name!r}] is not a keyword argument of redis-py's client{ending}",

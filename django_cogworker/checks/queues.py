@@ -13,7 +13,7 @@ from django.core.checks import CheckMessage, Warning
 
 from django_cogworker import registry
 from django_cogworker.affinity import AUTO
-from django_cogworker.checks.base import error
+from django_cogworker.checks.base import error, is_whole
 from django_cogworker.conf import DEFAULTS, QueueSpec, get_config, parse_queue, queue_list_problems
 from django_cogworker.fetch import STRATEGIES
 from django_cogworker.periodic.entry import entry_queue, parse_setting
@@ -101,11 +101,7 @@ def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
 def cpu_affinity_valid(value: Any) -> bool:
     if value is None or value == AUTO:
         return True
-    return (
-        isinstance(value, list | tuple)
-        and bool(value)
-        and all(isinstance(cpu, int) and not isinstance(cpu, bool) and cpu >= 0 for cpu in value)
-    )
+    return isinstance(value, list | tuple) and bool(value) and all(is_whole(cpu, 0) for cpu in value)
 
 
 def check_served_queues(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

@@ -21,7 +21,8 @@ apps' modules are imported.
 
 Modules: ``compat`` (which framework), ``options`` (``OPTIONS`` and their
 checks), ``records`` (the result record in Redis), ``backend`` (the backend
-and ``CogworkerTask``), ``runner`` (registration, and what a worker runs).
+and ``CogworkerTask``), ``runner`` (registration, and what a worker runs),
+``names`` (a task's job name, and the error of one no worker knows).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django_cogworker import registry
+from django_cogworker.tasks.names import TASK_JOB_PREFIX, explain_unknown, not_registered_message
 from django_cogworker.tasks.options import retry_options
 
 if TYPE_CHECKING:
@@ -42,10 +44,6 @@ __all__ = [
     "not_registered_message",
     "retry_options",
 ]
-
-#: Registry names of tasks: ``tasks:`` + the task's module path. The prefix
-#: keeps a task apart from an ``@job`` of the same dotted name.
-TASK_JOB_PREFIX = "tasks:"
 
 BACKEND_PATHS = ("django_cogworker.tasks.CogworkerBackend", "django_cogworker.tasks.backend.CogworkerBackend")
 
@@ -86,23 +84,6 @@ def backend_configured() -> bool:
             # import: Django's own checks report the latter.
             continue
     return False
-
-
-def not_registered_message(job_name: str) -> str:
-    """The dead-set error of a payload naming a task this worker does not know."""
-    path = job_name[len(TASK_JOB_PREFIX) :]
-    return (
-        f"task {path!r} is not registered on this worker (job {job_name!r}): no @task with that module "
-        "path was imported. Define it with @task in an installed app's tasks module (<app>/tasks.py, "
-        "which the worker imports at startup) or in a module that one imports, with a TASKS backend "
-        "that is django_cogworker.tasks.CogworkerBackend; then retry this job from the dead set. "
-        "Nothing named in a payload is ever imported."
-    )
-
-
-def explain_unknown(job_name: str) -> str | None:
-    """The registry's explainer: :func:`not_registered_message` for a task's job name."""
-    return not_registered_message(job_name) if job_name.startswith(TASK_JOB_PREFIX) else None
 
 
 registry.add_autodiscover_module("tasks", when=backend_configured)

@@ -27,6 +27,7 @@ from django_cogworker import client, middleware, registry
 from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, get_keys, get_redis
 from django_cogworker.errors import CogworkerError, ConfigurationError
+from django_cogworker.job import RetryIn, is_retry
 from django_cogworker.payload import Payload
 from django_cogworker.tasks import runner
 from django_cogworker.tasks.compat import (
@@ -37,13 +38,14 @@ from django_cogworker.tasks.compat import (
     TaskResult,
     TaskResultDoesNotExist,
     normalize_json,
+    task_backends,
     task_enqueued,
 )
+from django_cogworker.tasks.names import job_name
 from django_cogworker.tasks.options import (
     Problem,
-    RetryIn,
+    TaskOptions,
     check_retry_in,
-    is_retry,
     is_retry_in,
     parse,
     task_retry,
@@ -150,7 +152,7 @@ class CogworkerBackend(BaseTaskBackend):
             raise InvalidTask(f"Task {task.module_path}: retry must be True, False or a whole number >= 0.")
         if not is_retry_in(task_retry_in(task)):
             raise InvalidTask(f"Task {task.module_path}: retry_in must be a callable or its dotted path.")
-        runner.register(task)
+        runner.register(task, find_owner)
 
     # -- enqueue -----------------------------------------------------------------
 
@@ -183,7 +185,7 @@ class CogworkerBackend(BaseTaskBackend):
             problem = self.problems[0]
             raise ConfigurationError(f"{problem.message} {problem.hint} (manage.py check lists them all)")
         self.validate_task(task)
-        job = registry.get(runner.job_name(task.module_path))
+        job = registry.get(job_name(task.module_path))
         if job is None:  # validate_task() registers it; only a cleared registry gets here
             raise CogworkerError(f"task {task.module_path} is not registered in this process")
         options = self.task_options
@@ -308,6 +310,23 @@ class CogworkerBackend(BaseTaskBackend):
                 id="cogworker.tasks.W001",
             )
         ]
+
+
+def find_owner(alias: str | None, task: Task | None) -> runner.Owner:
+    """The cogworker backend a result belongs to, in this process's TASKS
+    (the record's alias, else the task's): what the runner needs of it.
+    Neither one a cogworker backend: the default options, and this class as
+    the sender of the signals."""
+    for name in (alias, task.backend if task is not None else None):
+        if not name:
+            continue
+        try:
+            found = task_backends[name]
+        except Exception:
+            continue
+        if isinstance(found, CogworkerBackend):
+            return runner.Owner(found.task_options, type(found))
+    return runner.Owner(TaskOptions(), CogworkerBackend)
 
 
 def _with_framework_wording(ours: TypeError, args: Any, kwargs: Any) -> str:

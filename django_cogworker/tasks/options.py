@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
-from django_cogworker.checks.base import did_you_mean
+from django_cogworker.checks.base import is_number, unknown_names
 from django_cogworker.conf import DEFAULT_QUEUE
+from django_cogworker.job import RetryIn, is_retry
 
-RetryIn = Callable[[int, BaseException], float | int | None]
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: How long a finished task's result is kept, unless ``RESULT_TTL`` says.
@@ -78,10 +78,6 @@ class TaskOptions:
 #: Function attributes set by :func:`retry_options`.
 RETRY_ATTR = "cogworker_retry"
 RETRY_IN_ATTR = "cogworker_retry_in"
-
-
-def is_retry(value: Any) -> bool:
-    return isinstance(value, bool) or (isinstance(value, int) and value >= 0)
 
 
 def is_retry_in(value: Any) -> bool:
@@ -158,10 +154,10 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
             )
         )
         return TaskOptions(), problems
-    for key in sorted(set(raw) - set(KNOWN), key=str):
+    for key, ending in unknown_names(raw, KNOWN):
         problems.append(
             Problem(
-                f"{where}['OPTIONS'][{key!r}] is not a known option{did_you_mean(key, KNOWN)}",
+                f"{where}['OPTIONS'][{key!r}] is not a known option{ending}",
                 f"Known options: {', '.join(KNOWN)}.",
                 "cogworker.tasks.E001",
             )
@@ -178,7 +174,7 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
         )
         retry = options.retry
     retry_in = raw.get("RETRY_IN")
-    if retry_in is not None and not (callable(retry_in) or (isinstance(retry_in, str) and retry_in)):
+    if not is_retry_in(retry_in):
         problems.append(
             Problem(
                 f"{where}['OPTIONS']['RETRY_IN'] must be None or the dotted path of a callable "
@@ -189,7 +185,7 @@ def parse(alias: str, params: Any) -> tuple[TaskOptions, list[Problem]]:
         )
         retry_in = None
     ttl = raw.get("RESULT_TTL", options.result_ttl_s)
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+    if not is_number(ttl) or not ttl > 0:
         problems.append(
             Problem(
                 f"{where}['OPTIONS']['RESULT_TTL'] must be a positive number of seconds, got {ttl!r}.",

@@ -9,6 +9,11 @@ inside the worker, recording it in the result record (``RUNNING``, then
 it ``FAILED`` when its retries are exhausted; send ``task_started`` and
 ``task_finished``.
 
+The backend imports this module, never the other way: what a run needs of
+the backend its result belongs to (its ``OPTIONS``, the sender of its
+signals) comes through the :data:`FindOwner` the backend hands over with
+each task it registers.
+
 The job itself is an ordinary cogworker job: ``execution.execute`` runs it,
 the retry and dead machinery files it. A record write that fails after the
 task ran is logged, never raised: raising would retry, and so re-run, a task
@@ -27,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
@@ -37,16 +42,15 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import current_job
 from django_cogworker.job import Job
 from django_cogworker.payload import Payload
-from django_cogworker.tasks import TASK_JOB_PREFIX
 from django_cogworker.tasks.compat import (
     Task,
     TaskContext,
     TaskResultStatus,
     normalize_json,
-    task_backends,
     task_finished,
     task_started,
 )
+from django_cogworker.tasks.names import job_name
 from django_cogworker.tasks.options import TaskOptions, resolve_retry_in, task_retry, task_retry_in
 from django_cogworker.tasks.records import (
     Record,
@@ -62,19 +66,26 @@ from django_cogworker.tasks.records import (
 if TYPE_CHECKING:
     from django.dispatch import Signal
 
-    from django_cogworker.tasks.backend import CogworkerBackend
-
 logger = logging.getLogger("django_cogworker")
 
 _tasks: dict[str, Task] = {}
 _lock = threading.Lock()
 
 
-def job_name(module_path: str) -> str:
-    return TASK_JOB_PREFIX + module_path
+class Owner(NamedTuple):
+    """What a run needs of the backend its result belongs to."""
+
+    options: TaskOptions
+    #: The sender of ``task_started`` and ``task_finished``.
+    sender: type
 
 
-def register(task: Task) -> None:
+#: ``(the record's backend alias, the task) -> Owner``: the first of the two
+#: aliases that names a cogworker backend in this process's ``TASKS``.
+FindOwner = Callable[[str | None, Task | None], Owner]
+
+
+def register(task: Task, find_owner: FindOwner) -> None:
     """Makes ``task`` runnable by this process's workers (idempotent: the
     copies ``.using()`` makes share their function and are skipped)."""
     name = job_name(task.module_path)
@@ -86,12 +97,12 @@ def register(task: Task) -> None:
         retry = task_retry(task)
         registry.register(
             Job(
-                func=_runner(name),
+                func=_runner(name, find_owner),
                 name=name,
                 queue=task.queue_name or DEFAULT_QUEUE,
                 retry=True if retry is None else retry,
-                retry_in=_retry_in(name),
-                on_exhausted=exhausted,
+                retry_in=_retry_in(name, find_owner),
+                on_exhausted=_exhausted(find_owner),
             )
         )
 
@@ -100,59 +111,38 @@ def lookup(module_path: str) -> Task | None:
     return _tasks.get(job_name(module_path))
 
 
-def backend_of(alias: str | None, task: Task | None) -> CogworkerBackend | None:
-    """The cogworker backend a result belongs to, in this process's TASKS."""
-    from django_cogworker.tasks.backend import CogworkerBackend
-
-    for name in (alias, task.backend if task is not None else None):
-        if not name:
-            continue
-        try:
-            found = task_backends[name]
-        except Exception:
-            continue
-        if isinstance(found, CogworkerBackend):
-            return found
-    return None
-
-
-def _options(backend: CogworkerBackend | None) -> TaskOptions:
-    return backend.task_options if backend is not None else TaskOptions()
-
-
-def _sender(backend: CogworkerBackend | None) -> type:
-    if backend is not None:
-        return type(backend)
-    from django_cogworker.tasks.backend import CogworkerBackend
-
-    return CogworkerBackend
-
-
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _runner(name: str) -> Callable[..., Any]:
+def _runner(name: str, find_owner: FindOwner) -> Callable[..., Any]:
     def run_task(*args: Any, **kwargs: Any) -> None:
-        run(name, list(args), kwargs)
+        run(name, list(args), kwargs, find_owner)
 
     run_task.__qualname__ = run_task.__name__ = name
     return run_task
 
 
-def _retry_in(name: str) -> Callable[[int, BaseException], float | int | None]:
+def _retry_in(name: str, find_owner: FindOwner) -> Callable[[int, BaseException], float | int | None]:
     def retry_in(count: int, exc: BaseException) -> float | int | None:
         task = _tasks.get(name)
         value = task_retry_in(task) if task is not None else None
         if value is None:
-            value = _options(backend_of(None, task)).retry_in
+            value = find_owner(None, task).options.retry_in
         func = resolve_retry_in(value)
         return func(count, exc) if func is not None else None
 
     return retry_in
 
 
-def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+def _exhausted(find_owner: FindOwner) -> Callable[[Payload, BaseException], None]:
+    def on_exhausted(payload: Payload, exc: BaseException) -> None:
+        exhausted(payload, exc, find_owner)
+
+    return on_exhausted
+
+
+def run(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwner) -> None:
     """One attempt of a task, inside a cogworker job."""
     ctx = current_job()
     if ctx is None:
@@ -161,8 +151,8 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     client, key = get_redis(), get_keys().result(ctx.jid)
     now = time.time()
     record = _record_for_run(client, key, ctx.jid, ctx.queue, task, args, kwargs, now)
-    backend = backend_of(record.get("backend"), task)
-    options = _options(backend)
+    owner = find_owner(record.get("backend"), task)
+    options = owner.options
     record.update(
         status=TaskResultStatus.RUNNING.value,
         started_at=record.get("started_at") or now,
@@ -172,7 +162,7 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     # Raised if it fails: the task has not run yet, so a retry is safe.
     client.set(key, dumps(record), px=_ms(pending_ttl_s(record, options.result_ttl_s, now)))
     result = to_result(record, task)
-    _send(task_started, backend, result)
+    _send(task_started, owner.sender, result)
     try:
         value = _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args, kwargs)
     except BaseException as exc:
@@ -203,7 +193,7 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         record["status"] = TaskResultStatus.SUCCESSFUL.value
         record["return_value"] = value
     _save_quietly(client, key, record, options.result_ttl_s)
-    _send(task_finished, backend, to_result(record, task))
+    _send(task_finished, owner.sender, to_result(record, task))
 
 
 def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -226,7 +216,7 @@ def _event_loop_running() -> bool:
     return True
 
 
-def exhausted(payload: Payload, exc: BaseException) -> None:
+def exhausted(payload: Payload, exc: BaseException, find_owner: FindOwner) -> None:
     """``on_exhausted`` of every task job: the result becomes ``FAILED``."""
     jid = str(payload.get("jid") or "")
     task = _tasks.get(str(payload.get("job")))
@@ -239,12 +229,12 @@ def exhausted(payload: Payload, exc: BaseException) -> None:
     if record is None:
         logger.warning("jid=%s %s exhausted its retries; its result record is gone", jid, payload.get("job"))
         return
-    backend = backend_of(record.get("backend"), task)
+    owner = find_owner(record.get("backend"), task)
     record["status"] = TaskResultStatus.FAILED.value
     record["finished_at"] = time.time()
-    _save_quietly(client, k.result(jid), record, _options(backend).result_ttl_s)
+    _save_quietly(client, k.result(jid), record, owner.options.result_ttl_s)
     if task is not None:
-        _send(task_finished, backend, to_result(record, task))
+        _send(task_finished, owner.sender, to_result(record, task))
 
 
 def _record_for_run(
@@ -296,10 +286,10 @@ def _save_quietly(client: redis.Redis, key: str, record: Record, ttl_s: float) -
         logger.error("jid=%s %s could not store its result record: %s", record.get("id"), name, exc)
 
 
-def _send(signal: Signal, backend: CogworkerBackend | None, result: Any) -> None:
+def _send(signal: Signal, sender: type, result: Any) -> None:
     # send_robust: a failing receiver is logged by Django and must not turn a
     # finished task into a retried one.
-    signal.send_robust(sender=_sender(backend), task_result=result)
+    signal.send_robust(sender=sender, task_result=result)
 
 
 def _ms(seconds: float) -> int:
