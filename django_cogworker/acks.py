@@ -55,9 +55,7 @@ class Acks:
 
     def mine(self) -> Owed | None:
         """The ack this thread owed since its last fetch, if any (once)."""
-        owed: Owed | None = getattr(self._mine, "owed", None)
-        if owed is not None:
-            self._mine.owed = None
+        owed: Owed | None = self._mine.__dict__.pop("owed", None)
         return owed
 
     def waits(self, owed: Owed) -> bool:
