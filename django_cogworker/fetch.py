@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from django_cogworker.acks import Acks, Owed
 from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable, is_unknown_command
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
-from django_cogworker.ledger import Ledger, Slots, UnitOfWork
+from django_cogworker.ledger import Ledger, Slots
 from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
+from django_cogworker.work import UnitOfWork
 
 if TYPE_CHECKING:
     from django_cogworker.connection import Client
@@ -74,8 +76,9 @@ class Fetcher:
     reliable = False
     name = ""
 
-    def __init__(self, ctx: FetchContext) -> None:
+    def __init__(self, ctx: FetchContext, acks: Acks) -> None:
         self.ctx = ctx
+        self.acks = acks
         self.client = ctx.client
         self.keys = ctx.keys
         self._paused: frozenset[str] | None = None  # not read yet
@@ -120,8 +123,8 @@ class Fetcher:
 
     # -- the interface every fetch implements -------------------------------
 
-    def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
-        """The next job or None; acknowledges ``done`` (previous job, jid) first."""
+    def retrieve(self) -> UnitOfWork | None:
+        """The next job or None."""
         raise NotImplementedError
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
@@ -145,11 +148,6 @@ class Fetcher:
         """Records, before it starts, the one isolated job this process
         runs (G3; see ReliableFetch). Nothing to record without a list."""
 
-    def take_acks(self) -> list[tuple[UnitOfWork, str]]:
-        """The acknowledgements still waiting for a fetch, for the caller to
-        send (none by default)."""
-        return []
-
     def take_buffered(self) -> list[UnitOfWork]:
         """The jobs fetched for threads that will not run them (quiet), for
         the caller to give back (none by default)."""
@@ -159,7 +157,7 @@ class Fetcher:
 class BasicFetch(Fetcher):
     name = "basic"
 
-    def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
+    def retrieve(self) -> UnitOfWork | None:
         queues = self.active_queues()
         if not queues:
             self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
@@ -192,44 +190,40 @@ class ReliableFetch(Fetcher):
     ledger as held, so never a stray) only until that thread picks it up.
     One such call is in flight at a time (BLMOVE aside): threads finishing
     meanwhile wait for it and share the next one, one call for several jobs.
-    An ack waits in memory (as a pending ack, never to be run again) for the
-    next call. When the queues run dry, a thread acknowledges at once, and
-    with one queue it then blocks on BLMOVE."""
+    An ack waits in memory (``acks.Acks``: owed, never to be run again) for
+    the next call. When the queues run dry, a thread acknowledges at once,
+    and with one queue it then blocks on BLMOVE."""
 
     reliable = True
     name = "reliable"
 
-    def __init__(self, ctx: FetchContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: FetchContext, acks: Acks) -> None:
+        super().__init__(ctx, acks)
         self.inprogress = self.keys.inprogress(ctx.identity)
         self.buffer: collections.deque[UnitOfWork] = collections.deque()
-        self.acks: list[tuple[UnitOfWork, str]] = []
-        self._acks_lock = threading.Lock()
         self._full_at = -FULL_POLL_S  # monotonic time of the last BLMOVE refused for want of memory
 
-    def retrieve(self, done: tuple[UnitOfWork, str] | None = None) -> UnitOfWork | None:
-        """The next job; ``done`` (the thread's previous job and its jid) is
-        acknowledged with the next call (this thread's or one it waits for),
-        or at once when its next job was fetched before it finished."""
+    def retrieve(self) -> UnitOfWork | None:
+        """The next job. The ack of the thread's previous job, waiting in
+        ``acks`` since it finished, rides the next call (this thread's or
+        one it waits for), or is sent at once when its next job was fetched
+        before that call."""
+        mine = self.acks.mine()
         queues = self.active_queues()
-        # The ack waits before the thread does: whichever call comes next,
-        # its own or the one it waits for, carries it (G19).
-        self.defer(done)
         if not queues:
-            self.flush_acks()
+            self.acks.flush(self.ack)
             self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
         # A thread about to block on BLMOVE (idle, one queue) reserves only
         # its own slot, so that every idle thread can wait there at once.
         blocking = (
-            len(queues) == 1 and done is None and not self.acks and getattr(self._idle, "blocking", False)
+            len(queues) == 1 and mine is None and not self.acks and getattr(self._idle, "blocking", False)
         )
         slot = self.ctx.ledger.reserve(self.buffer, 1 if blocking else None)
         if slot is None or isinstance(slot, UnitOfWork):
-            with self._acks_lock:
-                uncarried = done is not None and done in self.acks
-            if uncarried and not self.ctx.ledger.waiting:  # no thread waits to make the next call
-                self.flush_acks()
+            # No thread waits to make the next call: it would wait too long.
+            if mine is not None and not self.ctx.ledger.waiting and self.acks.waits(mine):
+                self.acks.flush(self.ack)
             return slot
         works: list[UnitOfWork] = []
         try:
@@ -238,11 +232,6 @@ class ReliableFetch(Fetcher):
             self.ctx.ledger.fetched(works, slot, self.buffer)
         return works[0] if works else None
 
-    def defer(self, done: tuple[UnitOfWork, str] | None) -> None:
-        if done is not None:
-            with self._acks_lock:
-                self.acks.append(done)
-
     def fetch(self, queues: list[str], slots: Slots) -> list[UnitOfWork]:
         """One call for up to ``slots.count`` jobs (the first for the
         caller), acknowledging the acks waiting. Its jobs are stamped with
@@ -250,7 +239,7 @@ class ReliableFetch(Fetcher):
         cut off) may bring jobs run elsewhere since: ``Processor.still_ours``."""
         k = self.keys
         try:
-            acks = self.take_acks()
+            acks = self.acks.take()
             polling = len(queues) > 1 or time.monotonic() - self._full_at < FULL_POLL_S
             if acks or polling or not getattr(self._idle, "blocking", False):
                 sent = time.monotonic()
@@ -289,7 +278,7 @@ class ReliableFetch(Fetcher):
         self._idle.blocking = raw is None
         return [] if raw is None else [UnitOfWork(queues[0], raw, sent)]
 
-    def fetch_script(self, queues: list[str], acks: list[tuple[UnitOfWork, str]], want: int) -> Any:
+    def fetch_script(self, queues: list[str], acks: list[Owed], want: int) -> Any:
         k = self.keys
         # Recovered jobs are acknowledged at once (their orphan counter goes
         # with the ack, see ack()): only jobs never orphaned ride here.
@@ -298,28 +287,15 @@ class ReliableFetch(Fetcher):
             [*(k.queue(q) for q in queues), self.inprogress],
             [len(queues), max(1, want), *(work.raw for work, _ in acks)],
         )
-        # Sent: they are acknowledged (a call that failed leaves them pending
-        # in the ledger, where reconcile settles them).
-        if acks:
-            self.ctx.ledger.acked([work.raw for work, _ in acks])
+        # Sent: they are acknowledged (a call that failed leaves them owed in
+        # the ledger, where reconcile settles them).
+        self.acks.carried(acks)
         return found
 
     def still_owned(self, work: UnitOfWork) -> bool:
         """Whether the job is still on this process's list (G18): after a
         long pause it may have been recovered and run elsewhere."""
         return self.client.lpos(self.inprogress, work.raw) is not None
-
-    def flush_acks(self) -> None:
-        """Acknowledges what waits, now (the thread will not fetch soon). A
-        failure leaves the rest pending in the ledger, for reconcile (G6)."""
-        for work, jid in self.take_acks():
-            self.ack(work, jid)
-            self.ctx.ledger.settled(work.raw)
-
-    def take_acks(self) -> list[tuple[UnitOfWork, str]]:
-        with self._acks_lock:
-            acks, self.acks = self.acks, []
-        return acks
 
     def take_buffered(self) -> list[UnitOfWork]:
         taken = []

@@ -18,56 +18,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from django_cogworker.errors import BadPayload
 from django_cogworker.metrics import Tally
-from django_cogworker.payload import Payload, decode
+from django_cogworker.work import UnitOfWork
 
 #: How long a thread whose job is being fetched by another thread's call
 #: waits before it looks again (it is woken as soon as the call returns).
 SLOT_WAIT_S = 0.25
-
-
-@dataclass(eq=False)
-class UnitOfWork:
-    """A fetched job, exactly as it came from its queue."""
-
-    queue: str
-    raw: bytes
-    #: When the fetch that brought it was sent (monotonic clock): a job not
-    #: started soon after is checked to be still ours first (G18). Not when
-    #: its reply was read: a process stopped with the fetch in flight reads
-    #: it only when it resumes.
-    fetched_at: float = 0.0
-    _payload: Payload | BadPayload | None = field(default=None, repr=False)
-
-    def payload(self) -> Payload:
-        """The decoded payload (parsed once), or BadPayload (G13)."""
-        if self._payload is None:
-            try:
-                self._payload = decode(self.raw)
-            except BadPayload as exc:
-                self._payload = exc
-        if isinstance(self._payload, BadPayload):
-            raise self._payload
-        return self._payload
-
-    @property
-    def recovered(self) -> bool:
-        """Recovered once from a dead process: the payload's ``orphaned``
-        field, which the requeue writes (G3)."""
-        try:
-            return self.payload().get("orphaned") is not None
-        except BadPayload:
-            return False
-
-    @property
-    def jid(self) -> str:
-        try:
-            return str(self.payload().get("jid") or "")
-        except BadPayload:
-            return ""
 
 
 @dataclass(frozen=True)
@@ -146,9 +104,9 @@ class Ledger:
                     return None
                 free = self.concurrency - len(self.running) - sum(self.held.values()) - self.reserved
                 if free > 0 and not self.calling:
-                    # This thread and those waiting, whose acks wait with the
-                    # fetcher already: the call carries them (G19). Not a
-                    # thread still finishing, whose ack it could not carry.
+                    # This thread and those waiting, whose acks wait in
+                    # ``acks.Acks`` already: the call carries them (G19). Not
+                    # a thread still running its job: its slot is not free.
                     free = min(free, 1 + self.waiting, most or free)
                     self.reserved += free
                     self.calling = True

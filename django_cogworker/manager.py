@@ -21,12 +21,13 @@ from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.connection import fit_pool, get_keys, get_redis, memory, pool_size
 from django_cogworker.errors import BadPayload
 from django_cogworker.fetch import FetchContext, Fetcher
-from django_cogworker.fetching import Fetching
-from django_cogworker.ledger import Ledger, Pending, UnitOfWork
+from django_cogworker.fetch_mode import Fetching
+from django_cogworker.ledger import Ledger, Pending
 from django_cogworker.outage import Outage
 from django_cogworker.payload import encode_stored
 from django_cogworker.processor import Crew, Processor
 from django_cogworker.settle import Settler
+from django_cogworker.work import UnitOfWork
 
 logger = logging.getLogger("django_cogworker")
 
@@ -149,11 +150,6 @@ class Manager:
         deadline = time.monotonic() + self.shutdown_timeout_s
         self.wait_for_processors(deadline)
         self.stopping.set()
-        fetcher = self.fetching.peek()
-        if fetcher is not None:
-            # Acks still waiting for a fetch that will not come.
-            for work, jid in fetcher.take_acks():
-                self.settler.settle_ack(work, jid)
         running = [r.work for _, r in self.ledger.running_now()]
         if running:
             logger.warning("%d job(s) still running at the shutdown deadline", len(running))

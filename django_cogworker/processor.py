@@ -4,10 +4,10 @@ Duties: keep the ledger's record of what this thread runs (the only record
 strays are judged by, G7); start no job fetched so long ago that it may no
 longer be ours (G18); run the jobs recovered again from dead processes one
 at a time, those recovered once beside the others (G3); hand every
-outcome to the settler, which keeps it owed when Redis cannot take it,
-never to re-run (G6); survive any exception a job raises
-(G14) and any Redis outage (back off, the outage logged once per process,
-and resume: SPEC section 8).
+outcome to the settler, once (``Settler.finished``), which keeps it owed
+when Redis cannot take it, never to re-run (G6); survive any exception a
+job raises (G14) and any Redis outage (back off, the outage logged once per
+process, and resume: SPEC section 8).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from django_cogworker import execution
 from django_cogworker.conf import Config
 from django_cogworker.connection import follow_master
 from django_cogworker.errors import BadPayload, UnsupportedServer
-from django_cogworker.fetching import Fetching
-from django_cogworker.ledger import ACK, Ledger, UnitOfWork
+from django_cogworker.fetch_mode import Fetching
+from django_cogworker.ledger import Ledger
 from django_cogworker.outage import Outage
 from django_cogworker.requeue import isolated
 from django_cogworker.settle import Settler
+from django_cogworker.work import UnitOfWork
 
 logger = logging.getLogger("django_cogworker")
 
@@ -72,25 +73,19 @@ class Processor:
 
     def run(self) -> None:
         crew = self.crew
-        # The previous job, finished, whose ack rides on the next fetch. It
-        # is recorded as owed in the ledger meanwhile, so it is never taken
-        # for a stray and never run again (G6).
-        done: tuple[UnitOfWork, str] | None = None
         while not crew.quiet.is_set():
             self.current = None
             try:
                 follow_master(crew.fetching.ctx.client)  # a Sentinel master that changed: one look a second
-                work = crew.fetching.current().retrieve(done)
+                work = crew.fetching.current().retrieve()
             except UnsupportedServer as exc:
                 crew.fetching.fall_back(str(exc))
                 continue
             except Exception as exc:
-                done = None  # stays owed: reconcile retries it
                 if not crew.outage.failed(exc):
                     logger.exception("fetch failed")
                 self.back_off()
                 continue
-            done = None  # sent, or waiting with the fetcher for its next call
             self.recovered()
             if work is None:
                 continue
@@ -114,15 +109,15 @@ class Processor:
             try:
                 if suspect and not self.marked(work):
                     continue
-                done = self.process(work)
+                self.process(work)
             finally:
                 if suspect:
                     crew.ledger.end_suspect()
-        if done is not None:
-            crew.settler.settle_ack(*done)
+        # No fetch of this thread will carry the acks waiting (G6).
+        crew.settler.flush_acks()
 
-    def process(self, work: UnitOfWork) -> tuple[UnitOfWork, str] | None:
-        """Runs one job; returns it if its ack is left to the next fetch."""
+    def process(self, work: UnitOfWork) -> None:
+        """Runs one job, and tells the settler how it ended."""
         crew = self.crew
         crew.ledger.started(self.index, work)
         try:
@@ -139,16 +134,7 @@ class Processor:
             # filed in dead once instead, raw kept (G13).
             logger.exception("processing a job failed unexpectedly; filing it in dead")
             outcome = execution.dead_letter(work.raw, exc, time.time())
-        # A recovered job is acknowledged at once, with its orphan counter:
-        # left owed, a kill before the next fetch would count it as orphaned
-        # again though it had finished (G19).
-        if outcome.kind == execution.ACK and crew.fetching.reliable and not work.recovered:
-            crew.ledger.owe(work.raw, ACK)
-            crew.ledger.finished(self.index, work, outcome.failed, outcome.ran)
-            return (work, outcome.jid)
-        crew.settler.settle(work, outcome)
-        crew.ledger.finished(self.index, work, outcome.failed, outcome.ran)
-        return None
+        crew.settler.finished(self.index, work, outcome)
 
     def isolated(self, work: UnitOfWork) -> bool | None:
         """G3: whether a recovered job runs isolated (recovered again, see

@@ -1,6 +1,8 @@
 """Settling jobs: telling Redis how each job of this process ended.
 
 Duties:
+- record each job's end, in one place (``Settler.finished``): its ack owed
+  to the next fetch (``acks.Acks``), or the outcome applied now;
 - apply an outcome: acknowledge a finished job, or file a failed one in
   retry or dead; when that fails, keep it in the ledger to settle later,
   never to run again (G6);
@@ -21,12 +23,13 @@ import time
 from django_cogworker import execution
 from django_cogworker.execution import Outcome
 from django_cogworker.fetch import FetchContext
-from django_cogworker.fetching import Fetching
-from django_cogworker.ledger import ACK, Ack, Filing, Pending, UnitOfWork
+from django_cogworker.fetch_mode import Fetching
+from django_cogworker.ledger import ACK, Ack, Filing, Pending
 from django_cogworker.outage import Outage
 from django_cogworker.payload import salvage
 from django_cogworker.requeue import requeue_list, requeue_one
 from django_cogworker.scripts import script
+from django_cogworker.work import UnitOfWork
 
 logger = logging.getLogger("django_cogworker")
 
@@ -43,11 +46,27 @@ class Settler:
         self.fetching = fetching
         self.outage = outage
         self.ledger = ctx.ledger
+        self.acks = fetching.acks
         self.inprogress = ctx.keys.inprogress(ctx.identity)
         # Stray candidates -> when first seen (monotonic clock).
         self.previous_strays: dict[bytes, float] = {}
 
     # -- one job -----------------------------------------------------------------
+
+    def finished(self, index: int, work: UnitOfWork, outcome: Outcome) -> None:
+        """The one place a job's end is recorded, once per job, by the
+        thread ``index`` that ran it: its ack owed to the next fetch, or its
+        outcome applied now; then the thread's slot is free. Effects of a
+        completion (SPEC sections 13-14: a batch's membership, a limiter's
+        release) belong here."""
+        # A recovered job is acknowledged at once, with its orphan counter:
+        # left owed, a kill before the next fetch would count it as orphaned
+        # again though it had finished (G19).
+        if outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered:
+            self.acks.owe(work, outcome.jid)
+        else:
+            self.settle(work, outcome)
+        self.ledger.finished(index, work, outcome.failed, outcome.ran)
 
     def settle(self, work: UnitOfWork, outcome: Outcome) -> None:
         """Tells Redis how the job ended; on failure keeps it owed (G6)."""
@@ -67,15 +86,16 @@ class Settler:
                 )
             self.ledger.owe(work.raw, how)
 
-    def settle_ack(self, work: UnitOfWork, jid: str) -> None:
-        """Sends an ack that was left for a fetch now."""
+    def flush_acks(self) -> None:
+        """Sends now the acks no fetch of a stopping thread will carry; one
+        that fails stays owed, for reconcile or the shutdown (G6)."""
+        if not self.acks:
+            return  # the usual case; and a fetcher not chosen yet is not asked for
         try:
-            self.fetching.current().ack(work, jid)
+            self.acks.flush(self.fetching.current().ack)
         except Exception as exc:
             if not self.outage.failed(exc):
-                logger.error("could not acknowledge jid=%s yet (%s); will retry", jid, exc)
-            return
-        self.ledger.settled(work.raw)
+                logger.error("could not acknowledge finished jobs yet (%s); will retry", exc)
 
     def apply(self, work: UnitOfWork, how: Pending) -> None:
         fetcher = self.fetching.current()

@@ -27,7 +27,7 @@ from django_cogworker.api import (
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.fetch import FetchContext
-from django_cogworker.fetching import Fetching
+from django_cogworker.fetch_mode import Fetching
 from django_cogworker.ledger import Filing, Ledger
 from django_cogworker.outage import Outage
 from django_cogworker.payload import encode

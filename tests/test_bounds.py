@@ -10,8 +10,9 @@ import threading
 import time
 from collections import Counter, deque
 
-from django_cogworker.ledger import Ledger, Slots, UnitOfWork
+from django_cogworker.ledger import Ledger, Slots
 from django_cogworker.payload import decode, encode
+from django_cogworker.work import UnitOfWork
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, wait_for
 from tests.test_guarantees import keys, leftovers, raw_job, runs

@@ -21,7 +21,7 @@ import redis
 from django_cogworker import connection, errors
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
-from django_cogworker.fetching import reliable_supported
+from django_cogworker.fetch_mode import reliable_supported
 from django_cogworker.scripts import script
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, wait_for

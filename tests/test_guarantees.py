@@ -203,8 +203,7 @@ def fail_acking_fetch(
         if reply_lost:
             original(self, queues, slots)
         else:
-            with self._acks_lock:
-                self.acks = []  # taken for the call: they stay pending in the manager's memory
+            self.acks.take()  # taken for the call: they stay pending in the manager's memory
         raise redis.ConnectionError("injected failure of the fetch that acknowledges")
 
     monkeypatch.setattr(ReliableFetch, "fetch", fetch)

@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "django_cogworker"
 
 #: The worker roles that must form no import cycle, even through TYPE_CHECKING.
-ROLES = ("fetch", "fetching", "manager", "processor", "settle", "ledger")
+ROLES = ("acks", "fetch", "fetch_mode", "manager", "processor", "settle", "ledger")
 
 #: A module longer than this no longer reads in one sitting.
 MAX_MODULE_LINES = 360

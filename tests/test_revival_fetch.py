@@ -177,8 +177,8 @@ def test_g18_an_ownership_answer_read_after_a_silence_is_asked_for_again(
     r, k = cog.redis, keys()
     original_retrieve = ReliableFetch.retrieve
 
-    def retrieve(fetcher: ReliableFetch, done: Any = None) -> Any:
-        work = original_retrieve(fetcher, done)
+    def retrieve(fetcher: ReliableFetch) -> Any:
+        work = original_retrieve(fetcher)
         if work is not None:
             work.fetched_at -= 60  # as if its fetch had been sent long ago: checked before it starts
         return work

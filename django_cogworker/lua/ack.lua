@@ -1,4 +1,5 @@
--- Acknowledge a finished job.
+-- Acknowledge a finished job: an ack no fetch.lua call will carry, or one
+-- sent at once (a recovered job); the exits are listed in acks.py.
 -- KEYS[1] = in-progress list, KEYS[2] = the job's orphan counter.
 -- ARGV[1] = the job exactly as fetched.
 -- Returns 1, or 0 when the job was no longer on the list.

@@ -7,8 +7,9 @@
 -- ARGV[1] = Q; ARGV[2] = how many jobs to take at most (from the first
 -- queue that has any: one for the calling thread, one for each thread the
 -- caller reserved a slot for, G19); ARGV[3..] =
--- finished jobs, exactly as fetched, to acknowledge (never recovered ones:
--- those are acknowledged at once, with their orphan counter, by ack.lua).
+-- finished jobs, exactly as fetched, to acknowledge (the first exit of an
+-- ack, see acks.py; never recovered ones: those are acknowledged at once,
+-- with their orphan counter, by ack.lua).
 -- Returns {index of the queue, job, job...}; false when every queue is
 -- empty; {0, "<key>: <error>"} when they are empty or broken.
 -- A job is on exactly one of the two lists at every moment: the script is

@@ -4,7 +4,8 @@ Duties: reliable fetch unless the setting says basic or the server cannot
 do it (older than 6.2, or BLMOVE/LPOS renamed or disabled: a logged
 warning, then basic); a connection error while checking is not an answer;
 one way back to basic when the server refuses a command at run time. The
-holder is the one source of truth of the fetch mode.
+holder is the one source of truth of the fetch mode, and holds the process's
+acks (``acks.Acks``) across a change of fetcher.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import redis
 
+from django_cogworker.acks import Acks
 from django_cogworker.connection import is_cluster
 from django_cogworker.errors import is_unavailable
 from django_cogworker.fetch import STRATEGIES, BasicFetch, FetchContext, Fetcher
@@ -63,6 +65,7 @@ class Fetching:
     def __init__(self, ctx: FetchContext, mode: str) -> None:
         self.ctx = ctx
         self.wanted = mode
+        self.acks = Acks(ctx.ledger)
         self._lock = threading.Lock()
         self._fetcher: Fetcher | None = None
 
@@ -89,20 +92,20 @@ class Fetching:
 
     def _choose(self) -> Fetcher:
         if not STRATEGIES[self.wanted].reliable:
-            return STRATEGIES[self.wanted](self.ctx)
+            return STRATEGIES[self.wanted](self.ctx, self.acks)
         # A connection error propagates (the processor backs off and asks
         # again): a guess made while Redis is unreachable is not an answer.
         if reliable_supported(self.ctx.client):
-            return STRATEGIES[self.wanted](self.ctx)
+            return STRATEGIES[self.wanted](self.ctx, self.acks)
         logger.warning(
             "this Redis server cannot do reliable fetch (it needs Redis >= 6.2 with BLMOVE and LPOS); "
             "falling back to basic fetch: a worker killed mid-job loses the jobs it held"
         )
-        return BasicFetch(self.ctx)
+        return BasicFetch(self.ctx, self.acks)
 
     def fall_back(self, reason: str) -> None:
         with self._lock:
             if isinstance(self._fetcher, BasicFetch):
                 return
             logger.warning("reliable fetch refused by the server (%s); falling back to basic fetch", reason)
-            self._fetcher = BasicFetch(self.ctx)
+            self._fetcher = BasicFetch(self.ctx, self.acks)

@@ -1,0 +1,54 @@
+"""What a fetch brings: one job, exactly as it came from its queue.
+
+Made by the fetchers (``fetch.py``) and held, run and settled by reference
+by the ledger, the processor and the settler; its payload is parsed once,
+on first use, and a payload that cannot be parsed stays a value (G13).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django_cogworker.errors import BadPayload
+from django_cogworker.payload import Payload, decode
+
+
+@dataclass(eq=False)
+class UnitOfWork:
+    """A fetched job, exactly as it came from its queue."""
+
+    queue: str
+    raw: bytes
+    #: When the fetch that brought it was sent (monotonic clock): a job not
+    #: started soon after is checked to be still ours first (G18). Not when
+    #: its reply was read: a process stopped with the fetch in flight reads
+    #: it only when it resumes.
+    fetched_at: float = 0.0
+    _payload: Payload | BadPayload | None = field(default=None, repr=False)
+
+    def payload(self) -> Payload:
+        """The decoded payload (parsed once), or BadPayload (G13)."""
+        if self._payload is None:
+            try:
+                self._payload = decode(self.raw)
+            except BadPayload as exc:
+                self._payload = exc
+        if isinstance(self._payload, BadPayload):
+            raise self._payload
+        return self._payload
+
+    @property
+    def recovered(self) -> bool:
+        """Recovered once from a dead process: the payload's ``orphaned``
+        field, which the requeue writes (G3)."""
+        try:
+            return self.payload().get("orphaned") is not None
+        except BadPayload:
+            return False
+
+    @property
+    def jid(self) -> str:
+        try:
+            return str(self.payload().get("jid") or "")
+        except BadPayload:
+            return ""
