@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,17 +99,11 @@ class ProcessSet:
 
     @redis_boundary("list the worker processes")
     def all(self) -> Listing[ProcessRecord]:
-        client, k = get_redis(), get_keys()
+        k = get_keys()
         skipped: list[str] = []
-        identities = set_names(client, k.processes, skipped)
-        pipe = client.pipeline(transaction=False)
-        for identity in identities:
-            pipe.hgetall(k.process(identity))
         records = []
-        for identity, raw in zip(identities, pipe.execute(raise_on_error=False), strict=True):
-            if is_wrong_type(raw):
-                skipped.append(f"{k.process(identity)} is not a hash: its process is not listed")
-            elif raw:  # else its presence key expired: not live
+        for identity, raw in live_hashes(k.process, skipped, "its process is not listed"):
+            if raw:  # else its presence key expired: not live
                 records.append(ProcessRecord.of(identity, raw))
         return Listing(records, skipped)
 
@@ -216,17 +210,9 @@ class Workers:
 
     @redis_boundary("list the running jobs")
     def all(self) -> Listing[RunningJob]:
-        client, k = get_redis(), get_keys()
         skipped: list[str] = []
-        identities = set_names(client, k.processes, skipped)
-        pipe = client.pipeline(transaction=False)
-        for identity in identities:
-            pipe.hgetall(k.workers(identity))
         jobs = []
-        for identity, entries in zip(identities, pipe.execute(raise_on_error=False), strict=True):
-            if is_wrong_type(entries):
-                skipped.append(f"{k.workers(identity)} is not a hash: the jobs it runs are not listed")
-                continue
+        for identity, entries in live_hashes(get_keys().workers, skipped, "the jobs it runs are not listed"):
             for jid, record in (entries or {}).items():
                 jobs.append(RunningJob.of(identity, jid.decode("utf-8", "replace"), record))
         return Listing(sorted(jobs, key=lambda j: j.run_at), skipped)
@@ -280,3 +266,21 @@ def _names(payload_jid: str, jid: str) -> bool:
     beat records it in ``N:workers`` (cut as a summary's field, a lone
     surrogate written as text: ``escaping.storable``)."""
     return jid in (payload_jid, storable(payload_jid), storable(summary_field(payload_jid)))
+
+
+def live_hashes(
+    key: Callable[[str], str], skipped: list[str], lost: str
+) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    """Each registered process's hash at ``key(identity)``, read in one
+    pipeline; one that is not a hash is named in ``skipped`` (``lost``
+    says what is not listed because of it) and left out."""
+    client = get_redis()
+    identities = set_names(client, get_keys().processes, skipped)
+    pipe = client.pipeline(transaction=False)
+    for identity in identities:
+        pipe.hgetall(key(identity))
+    for identity, raw in zip(identities, pipe.execute(raise_on_error=False), strict=True):
+        if is_wrong_type(raw):
+            skipped.append(f"{key(identity)} is not a hash: {lost}")
+        else:
+            yield identity, raw
