@@ -48,6 +48,7 @@ class Backoff:
         """Start over from ``first_s`` (a try succeeded); True when a pause
         had been taken since the last reset, i.e. this success ends a run of
         failures."""
-        was_waiting = self.last_s > 0
+        if not self.last_s:
+            return False  # the common case, once a job: no write
         self.last_s = 0.0
-        return was_waiting
+        return True

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from django_cogworker import execution
+from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config
 from django_cogworker.connection import follow_master
 from django_cogworker.errors import BadPayload, UnsupportedServer
@@ -66,7 +67,7 @@ class Processor:
     def __init__(self, crew: Crew, index: int) -> None:
         self.crew = crew
         self.index = index
-        self.backoff_s = 0.0
+        self.pauses = Backoff(max_s=OUTAGE_BACKOFF_MAX_S)
         #: The job this thread holds or runs, for the manager to release if
         #: the thread dies of an error of ours.
         self.current: UnitOfWork | None = None
@@ -196,10 +197,8 @@ class Processor:
         return owned
 
     def back_off(self) -> None:
-        self.backoff_s = min(max(self.backoff_s * 2, 0.1), OUTAGE_BACKOFF_MAX_S)
-        self.crew.quiet.wait(self.backoff_s)
+        self.crew.quiet.wait(self.pauses.next_s())
 
     def recovered(self) -> None:
-        if self.backoff_s:
-            self.backoff_s = 0.0
+        if self.pauses.reset():
             self.crew.outage.succeeded()
