@@ -11,7 +11,9 @@ one beat, and a job costs Redis nothing for them. On a full Redis
 (``maxmemory`` reached) the beat is the minimal one, which Redis still
 takes: the presence, the stamps, the registration and the signals; the
 counters and metrics wait in the ledger for a beat with room (SPEC section 8).
-Signals sent through Redis (quiet, stop) are collected on the way.
+Signals sent through Redis (quiet, stop) are collected on the way and
+handed to ``on_signal``. On stop, :meth:`Heartbeat.deregister` undoes the
+beat: the last counters are written and the process's records removed.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+from django_cogworker import metrics, stats
 from django_cogworker.connection import follow_master
+from django_cogworker.ledger import Ledger
 from django_cogworker.metrics import METRICS_TTL_S
+from django_cogworker.process import ProcessContext
 from django_cogworker.scripts import script
 from django_cogworker.stats import DAILY_STATS_TTL_S, MINUTE_STATS_TTL_S, minute, stat_keys
 from django_cogworker.summaries import summary
-
-if TYPE_CHECKING:
-    from django_cogworker.launcher import Launcher
 
 logger = logging.getLogger("django_cogworker")
 
@@ -48,10 +51,30 @@ def rss_kb() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
+class Status(NamedTuple):
+    """What the work of the process says on a beat."""
+
+    #: The fields of the process record that change (busy, quiet, fetch, ...).
+    fields: dict[str, str]
+    #: Whether this process keeps an in-progress list, which the beat registers.
+    reliable: bool
+
+
 class Heartbeat:
-    def __init__(self, launcher: Launcher) -> None:
-        self.launcher = launcher
-        self.manager = launcher.manager
+    def __init__(
+        self,
+        process: ProcessContext,
+        ledger: Ledger,
+        status: Callable[[], Status],
+        on_signal: Callable[[str], None],
+    ) -> None:
+        """``ledger``: the counters a beat sends and the jobs running now;
+        ``status()``: read on every beat; ``on_signal``: a signal sent
+        through Redis ("quiet", "stop", "dump")."""
+        self.process = process
+        self.ledger = ledger
+        self.status = status
+        self.on_signal = on_signal
         self.started_at = time.time()
         self.hostname = socket.gethostname()
         self.unregistered = False  # the registration failed on the last beat (logged once)
@@ -60,38 +83,32 @@ class Heartbeat:
         # id of its payload bytes, which the entry keeps alive and checks.
         self.summaries: dict[int, tuple[bytes, dict[str, Any]]] = {}
 
-    def fields(self) -> dict[str, str]:
-        m = self.manager
+    def fields(self, status: Status) -> dict[str, str]:
         return {
-            "identity": m.identity,
+            "identity": self.process.identity,
             "hostname": self.hostname,
             "pid": str(os.getpid()),
-            "tag": self.launcher.tag,
-            "concurrency": str(m.concurrency),
-            "queues": json.dumps([q.name if not q.weight else f"{q.name},{q.weight}" for q in m.queues]),
-            "busy": str(m.busy()),
-            "quiet": "1" if m.quiet.is_set() else "0",
+            "tag": self.process.tag,
             "started_at": repr(self.started_at),
             "rss_kb": str(rss_kb()),
-            "fetch": m.fetch_mode,
-            "recovery": json.dumps(self.launcher.recovery.last_report),
-            "processor_crashes": str(m.crashes),
+            **status.fields,
         }
 
     def beat(self) -> list[str]:
-        m = self.manager
-        k = m.keys
-        processed, failed, tally = m.ledger.take_counts()
-        fields = self.fields()
+        p = self.process
+        k = p.keys
+        processed, failed, tally = self.ledger.take_counts()
+        status = self.status()
+        fields = self.fields(status)
         jobs = self.running_records()
         increments = tally.increments()
         now = time.time()  # one clock reading: the day's, the minute's counters and metrics agree
         args: list[str | bytes | int] = [
-            m.identity,
-            max(1, round(m.config.heartbeat_ttl_s)),
+            p.identity,
+            max(1, round(p.config.heartbeat_ttl_s)),
             processed,
             failed,
-            "1" if m.reliable else "0",
+            "1" if status.reliable else "0",
             DAILY_STATS_TTL_S,
             MINUTE_STATS_TTL_S,
             len(fields),
@@ -104,14 +121,14 @@ class Heartbeat:
         args += jobs
         try:
             registered, signals, full = script("heartbeat")(
-                m.client,
+                p.client,
                 [
-                    k.process(m.identity),
+                    k.process(p.identity),
                     k.processes,
                     k.last_beat,
                     k.inprogress_identities,
-                    k.workers(m.identity),
-                    k.signals(m.identity),
+                    k.workers(p.identity),
+                    k.signals(p.identity),
                     *stat_keys(k, now),
                     k.beats,
                     k.metrics_minute(minute(now)),
@@ -120,14 +137,14 @@ class Heartbeat:
                 args,
             )
         except Exception:
-            m.ledger.give_counts_back(processed, failed, tally)
+            self.ledger.give_counts_back(processed, failed, tally)
             raise
         if full:
             # The minimal beat wrote no counters: they wait for one that can.
-            m.ledger.give_counts_back(processed, failed, tally)
-            m.outage.filled()
+            self.ledger.give_counts_back(processed, failed, tally)
+            p.outage.filled()
         else:
-            m.outage.has_room()
+            p.outage.has_room()
         if not registered and not self.unregistered:
             logger.error(
                 "could not register in %s (a key of the wrong type?): if this process dies, only a "
@@ -143,7 +160,7 @@ class Heartbeat:
         itself, which a beat would otherwise send again and again."""
         summaries: dict[int, tuple[bytes, dict[str, Any]]] = {}
         jobs: list[str | bytes] = []
-        for thread, running in self.manager.ledger.running_now():
+        for thread, running in self.ledger.running_now():
             work, started = running.work, running.started_at
             cached = self.summaries.get(id(work.raw))
             about = cached[1] if cached is not None and cached[0] is work.raw else summary(work.raw)
@@ -154,21 +171,50 @@ class Heartbeat:
         return jobs
 
     def run(self) -> None:
-        interval = self.manager.config.heartbeat_interval_s
-        outage = self.manager.outage
+        p = self.process
         failing = False
-        while not self.launcher.done.wait(interval):
+        while not p.done.wait(p.config.heartbeat_interval_s):
             try:
-                follow_master(self.manager.client)
+                follow_master(p.client)
                 signals = self.beat()
             except Exception as exc:
-                if not outage.failed(exc) and not failing:
+                if not p.outage.failed(exc) and not failing:
                     logger.error("heartbeat failed (%s: %s); retrying every beat", type(exc).__name__, exc)
                     failing = True
                 continue
-            outage.succeeded()
+            p.outage.succeeded()
             if failing:
                 logger.warning("heartbeat restored")
                 failing = False
             for signal in signals:
-                self.launcher.remote_signal(signal)
+                self.on_signal(signal)
+
+    def deregister(self) -> None:
+        """Undoes the beat on stop: the counters and metrics since the last
+        beat written, the process's records removed; its registration kept
+        while anything is left on its in-progress list. Best effort."""
+        p = self.process
+        k = p.keys
+        try:
+            processed, failed, tally = self.ledger.take_counts()
+            stats.count(p.client, k, processed=processed, failed=failed)
+            pipe = p.client.pipeline(transaction=False)
+            metrics.write(pipe, k, tally)  # what ran since the last beat
+            for key in (
+                k.process(p.identity),
+                k.workers(p.identity),
+                k.signals(p.identity),
+                k.suspect(p.identity),
+            ):
+                pipe.delete(key)  # one key per DEL: a cluster pipeline takes no other
+            pipe.srem(k.processes, p.identity)
+            pipe.execute()
+            # Keep the registration while anything is left on the list (a
+            # job that could not even be handed over): recovery finds it.
+            if p.client.llen(k.inprogress(p.identity)) == 0:
+                pipe = p.client.pipeline(transaction=False)
+                pipe.srem(k.inprogress_identities, p.identity)
+                pipe.hdel(k.last_beat, p.identity)
+                pipe.execute()
+        except Exception as exc:
+            logger.error("could not deregister %s: %s", p.identity, exc)

@@ -6,11 +6,15 @@ recovery at boot with a key scan and every ``ORPHAN_CHECK_INTERVAL``,
 settlement and strays every beat);
 turn signals into actions (TERM/INT stop, TSTP quiet, TTIN thread dump; the
 same "quiet" and "stop" sent through Redis from the admin); on stop, let the
-manager finish (G8), then deregister.
+manager finish (G8), then have the heartbeat deregister.
+
+It builds the process context (``process.py``) once and hands it to every
+role; none of them imports this module.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -18,29 +22,25 @@ import random
 import secrets
 import signal
 import socket
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django_cogworker import connection, metrics, middleware, persistence, registry, stats, threads
+from django_cogworker import connection, middleware, periodic, persistence, registry, threads
+from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.errors import RedisAccessRefused, refusal, without_redis_frames
-from django_cogworker.heartbeat import Heartbeat
+from django_cogworker.heartbeat import Heartbeat, Status
 from django_cogworker.manager import Manager
 from django_cogworker.outage import is_outage
-from django_cogworker.periodic import Ticker
 from django_cogworker.poller import Poller
+from django_cogworker.process import BACKGROUND_STOP_TIMEOUT_S, open_process
 from django_cogworker.recovery import Recovery
 from django_cogworker.settle import file_unsettled
+from django_cogworker.supervisor_watch import watch_supervisor
 
 logger = logging.getLogger("django_cogworker")
-
-#: How long a stop waits for the heartbeat, poller, ticker and housekeeper
-#: to finish their current pass before deregistering.
-BACKGROUND_STOP_TIMEOUT_S = 5.0
 
 #: How long to keep trying the first beat before giving up at boot.
 BOOT_RETRY_MAX_S = 5.0
@@ -63,32 +63,33 @@ class Launcher:
         identity: str | None = None,
     ) -> None:
         self.config = config
-        self.tag = tag
-        self.identity = identity or new_identity()
-        self.done = threading.Event()
+        self.process = process = open_process(config, identity or new_identity(), tag)
+        self.identity = process.identity
         self.signals: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.background: list[threading.Thread] = []  # heartbeat, poller, ticker, housekeeper
         self.manager = Manager(
-            config,
-            self.identity,
+            process,
             queues or config.queues,
             concurrency or config.concurrency,
             fetch or config.fetch,
             config.shutdown_timeout_s if shutdown_timeout_s is None else shutdown_timeout_s,
         )
-        self.recovery = Recovery(self.manager)
-        self.heartbeat = Heartbeat(self)
-        self.poller = Poller(self)
-        self.ticker = Ticker(
-            self.manager.client, self.manager.keys, config, self.done, outage=self.manager.outage
+        self.recovery = Recovery(process)
+        self.heartbeat = Heartbeat(process, self.manager.ledger, self.status, self.remote_signal)
+        self.poller = Poller(process)
+        self.ticker = periodic.Ticker(
+            process.client,
+            process.keys,
+            config,
+            process.done,
+            outage=process.outage,
+            load=lambda: periodic.entries(config, log=True),
         )
 
     # -- lifecycle -------------------------------------------------------------
 
     def run(self) -> None:
         self.install_signal_handlers()
-        from django_cogworker.supervisor import watch_supervisor
-
         # Under --processes: stop as on SIGTERM once the supervisor is gone,
         # even SIGKILLed, instead of working on beside its successor (G20).
         watch_supervisor(lambda: self.signals.put("stop"), self.thread_crashed)
@@ -144,13 +145,13 @@ class Launcher:
     def first_beat(self) -> bool:
         """Beat before the first fetch; resolve the fetch first, so the beat
         says whether this process registers an in-progress list."""
-        delay = 0.1
+        pauses = Backoff(max_s=BOOT_RETRY_MAX_S)
         hinted = False
         while True:
             try:
                 self.manager.fetcher()
                 self.heartbeat.beat()
-                self.manager.outage.succeeded()
+                self.process.outage.succeeded()
                 return True
             except Exception as exc:
                 hint = refusal(exc)
@@ -159,7 +160,7 @@ class Launcher:
                         f"cogworker cannot start: Redis at {connection.describe(self.config)} said "
                         f"{str(exc)[:300].rstrip('.')}. {hint[0].upper()}{hint[1:]}."
                     ) from without_redis_frames(exc)
-                if not self.manager.outage.failed(exc):
+                if not self.process.outage.failed(exc):
                     logger.error("could not start (%s: %s); retrying", type(exc).__name__, exc)
                 elif not hinted and is_outage(exc):
                     hinted = True
@@ -170,12 +171,11 @@ class Launcher:
                         connection.describe(self.config),
                     )
             try:
-                what = self.signals.get(timeout=delay)
+                what = self.signals.get(timeout=pauses.next_s())
             except queue.Empty:
                 what = ""
             if what == "stop":
                 return False
-            delay = min(delay * 2, BOOT_RETRY_MAX_S)
 
     def stop(self) -> None:
         logger.info(
@@ -184,7 +184,7 @@ class Launcher:
             self.manager.shutdown_timeout_s,
         )
         self.manager.stop()
-        self.done.set()
+        self.process.done.set()
         # A beat still in flight would register this process again right
         # after it deregistered (a dead process in the admin, and in the
         # registry until a recovery forgets it): let the background threads
@@ -192,35 +192,13 @@ class Launcher:
         deadline = time.monotonic() + BACKGROUND_STOP_TIMEOUT_S
         for thread in self.background:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self.deregister()
+        self.heartbeat.deregister()
         logger.info("cogworker %s stopped", self.identity)
 
-    def deregister(self) -> None:
+    def status(self) -> Status:
+        """What the heartbeat says of the work on each beat."""
         m = self.manager
-        k = m.keys
-        try:
-            processed, failed, tally = m.ledger.take_counts()
-            stats.count(m.client, k, processed=processed, failed=failed)
-            pipe = m.client.pipeline(transaction=False)
-            metrics.write(pipe, k, tally)  # what ran since the last beat
-            for key in (
-                k.process(m.identity),
-                k.workers(m.identity),
-                k.signals(m.identity),
-                k.suspect(m.identity),
-            ):
-                pipe.delete(key)  # one key per DEL: a cluster pipeline takes no other
-            pipe.srem(k.processes, m.identity)
-            pipe.execute()
-            # Keep the registration while anything is left on the list (a
-            # job that could not even be handed over): recovery finds it.
-            if m.client.llen(k.inprogress(m.identity)) == 0:
-                pipe = m.client.pipeline(transaction=False)
-                pipe.srem(k.inprogress_identities, m.identity)
-                pipe.hdel(k.last_beat, m.identity)
-                pipe.execute()
-        except Exception as exc:
-            logger.error("could not deregister %s: %s", m.identity, exc)
+        return Status({**m.status(), "recovery": json.dumps(self.recovery.last_report)}, m.reliable)
 
     # -- housekeeping ------------------------------------------------------------
 
@@ -240,7 +218,7 @@ class Launcher:
                 recovery.isolated("filing unsettled jobs", 0, None, self.file_unsettled)
                 scan = False
                 next_check = time.monotonic() + self.orphan_check_interval_s()
-            if self.done.wait(self.config.heartbeat_interval_s):
+            if self.process.done.wait(self.config.heartbeat_interval_s):
                 return
             if self.manager.reliable:
                 recovery.isolated("reconciling this process's list", None, None, settler.reconcile)
@@ -281,14 +259,7 @@ class Launcher:
             logger.info("quiet: no new jobs will be fetched")
             self.manager.stop_fetching()
         elif what == "dump":
-            self.dump_threads()
-
-    def dump_threads(self) -> None:
-        names = {t.ident: t.name for t in threading.enumerate()}
-        frames: Any = sys._current_frames()
-        for ident, frame in frames.items():
-            stack = "".join(traceback.format_stack(frame))
-            logger.warning("thread %s (%s):\n%s", names.get(ident, "?"), ident, stack)
+            threads.dump()
 
     def thread_crashed(self, name: str) -> None:
         logger.critical("%s died; stopping this process so that its supervisor restarts it", name)

@@ -11,20 +11,21 @@ telling Redis how they ended is the settler's, the fetch is the fetcher's.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import Counter
 
 from django_cogworker import threads
-from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.connection import fit_pool, get_keys, get_redis, memory, pool_size
+from django_cogworker.conf import QueueSpec
+from django_cogworker.connection import fit_pool, pool_size
 from django_cogworker.errors import BadPayload
 from django_cogworker.fetch import FetchContext, Fetcher
 from django_cogworker.fetch_mode import Fetching
 from django_cogworker.ledger import Ledger, Pending
-from django_cogworker.outage import Outage
 from django_cogworker.payload import encode_stored
+from django_cogworker.process import ProcessContext
 from django_cogworker.processor import Crew, Processor
 from django_cogworker.settle import Settler
 from django_cogworker.work import UnitOfWork
@@ -42,27 +43,27 @@ MAX_INTERRUPTS = 3
 class Manager:
     def __init__(
         self,
-        config: Config,
-        identity: str,
+        process: ProcessContext,
         queues: tuple[QueueSpec, ...],
         concurrency: int,
         fetch: str,
         shutdown_timeout_s: float,
     ) -> None:
-        self.config = config
-        self.identity = identity
+        self.process = process
+        self.config = config = process.config
+        self.identity = identity = process.identity
+        self.client = process.client
+        self.keys = process.keys
+        self.outage = process.outage
         self.queues = queues
         self.concurrency = concurrency
         self.shutdown_timeout_s = shutdown_timeout_s
-        self.client = get_redis()
         fit_pool(self.client, config, pool_size(concurrency))
-        self.keys = get_keys()
         # Set by SIGTSTP and first thing on stop. Every sleep of a processor
         # (idle backoff, outage backoff, a wait for a slot) waits on it, so
         # none holds up a shutdown (G9).
         self.quiet = threading.Event()
         self.stopping = threading.Event()
-        self.outage = Outage(lambda: memory(self.client))
         self.ledger = Ledger(concurrency, self.quiet)
         self.context = FetchContext(self.client, self.keys, config, identity, queues, self.quiet, self.ledger)
         self.fetching = Fetching(self.context, fetch)
@@ -87,6 +88,17 @@ class Manager:
     @property
     def revival_check_s(self) -> float:
         return self.crew.revival_check_s
+
+    def status(self) -> dict[str, str]:
+        """The fields of the process record that the processors decide."""
+        return {
+            "concurrency": str(self.concurrency),
+            "queues": json.dumps([q.name if not q.weight else f"{q.name},{q.weight}" for q in self.queues]),
+            "busy": str(self.busy()),
+            "quiet": "1" if self.quiet.is_set() else "0",
+            "fetch": self.fetch_mode,
+            "processor_crashes": str(self.crashes),
+        }
 
     def busy(self) -> int:
         return self.ledger.busy()

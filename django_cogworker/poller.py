@@ -13,16 +13,14 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
 from django_cogworker.payload import encode_stored, parse
+from django_cogworker.process import ProcessContext
 from django_cogworker.scripts import script
-
-if TYPE_CHECKING:
-    from django_cogworker.launcher import Launcher
 
 logger = logging.getLogger("django_cogworker")
 
@@ -30,11 +28,11 @@ BATCH_SIZE = 100
 
 
 class Poller:
-    def __init__(self, launcher: Launcher) -> None:
-        self.launcher = launcher
-        self.client = launcher.manager.client
-        self.keys = launcher.manager.keys
-        self.config = launcher.manager.config
+    def __init__(self, process: ProcessContext) -> None:
+        self.process = process
+        self.client = process.client
+        self.keys = process.keys
+        self.config = process.config
 
     def enqueue_due(self) -> int:
         moved = 0
@@ -43,7 +41,7 @@ class Poller:
         return moved
 
     def move_due(self, zset: str) -> int:
-        return move_due(self.client, self.keys, zset, self.launcher.done)
+        return move_due(self.client, self.keys, zset, self.process.done)
 
     @staticmethod
     def prepare(entry: bytes, now: float) -> tuple[str, bytes]:
@@ -69,9 +67,9 @@ class Poller:
 
     def run(self) -> None:
         # A first, short random wait spreads processes started together.
-        if self.launcher.done.wait(random.random() * self.config.poll_interval_s):
+        done, outage = self.process.done, self.process.outage
+        if done.wait(random.random() * self.config.poll_interval_s):
             return
-        outage = self.launcher.manager.outage
         failing = False
         while True:
             try:
@@ -87,7 +85,7 @@ class Poller:
                 if failing:
                     logger.warning("poller: working again")
                 failing = False
-            if self.launcher.done.wait(self.interval_s()):
+            if done.wait(self.interval_s()):
                 return
 
 

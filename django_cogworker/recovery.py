@@ -21,41 +21,30 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from django_cogworker import registry, stats
-from django_cogworker.conf import Config
 from django_cogworker.errors import ProcessDied
 from django_cogworker.keys import Keys
-from django_cogworker.outage import Outage
 from django_cogworker.payload import Payload, encode_stored, salvage
+from django_cogworker.process import ProcessContext
 from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_list
 from django_cogworker.scripts import script
 
 logger = logging.getLogger("django_cogworker")
 
-__all__ = ["ORPHANINGS_TTL_S", "Recovery", "RecoveryContext"]
+__all__ = ["ORPHANINGS_TTL_S", "Recovery"]
 
 T = TypeVar("T")
 
 
-class RecoveryContext(Protocol):
-    """What recovery needs of its process."""
-
-    client: Any
-    keys: Keys
-    config: Config
-    identity: str
-    outage: Outage
-
-
 class Recovery:
-    def __init__(self, ctx: RecoveryContext) -> None:
-        self.ctx = ctx
-        self.client = ctx.client
-        self.keys: Keys = ctx.keys
-        self.config = ctx.config
-        self.outage = ctx.outage
+    def __init__(self, process: ProcessContext) -> None:
+        self.process = process
+        self.client = process.client
+        self.keys: Keys = process.keys
+        self.config = process.config
+        self.outage = process.outage
         # Lists found by the boot scan but not in the registry, looked at
         # again on every pass until their owner is found dead: at boot it may
         # be too early to tell (see requeue.lua, the stall check).
@@ -92,7 +81,7 @@ class Recovery:
         keeps) a report of what it found."""
         report: dict[str, Any] = {
             "at": time.time(),
-            "identity": self.ctx.identity,
+            "identity": self.process.identity,
             "checked": 0,
             "requeued": 0,
             "parked": 0,
@@ -101,7 +90,7 @@ class Recovery:
             "errors": 0,
         }
         for identity in self.candidate_identities(scan=scan, report=report):
-            if identity == self.ctx.identity:
+            if identity == self.process.identity:
                 continue
             report["checked"] += 1
             try:

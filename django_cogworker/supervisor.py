@@ -16,12 +16,11 @@ and never sleeps blindly: it waits on the signal module's wakeup fd, so it
 wakes at once for a signal or a child's death (no race in which a stop
 during the restart pause spawns a child that never gets SIGTERM).
 
-Duty of the child side (``watch_supervisor``): stop gracefully when the
-supervisor is gone, even SIGKILLed. The supervisor holds the write end of
-one pipe, never written to; every child gets the read end, and a thread of
-the child blocks reading it. When the supervisor dies, the kernel closes
-the write end and the read returns EOF. On Linux, ``PR_SET_PDEATHSIG`` sends
-the child SIGTERM as well, a second line of defence.
+The child side, which stops a child once its supervisor is gone, is
+``supervisor_watch.py``: the supervisor holds the write end of one pipe,
+never written to, and every child gets the read end. On Linux,
+``PR_SET_PDEATHSIG`` sends the child SIGTERM as well, a second line of
+defence.
 """
 
 from __future__ import annotations
@@ -33,17 +32,16 @@ import logging
 import os
 import select
 import signal
-import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from django_cogworker import affinity, threads
-from django_cogworker.launcher import BACKGROUND_STOP_TIMEOUT_S
+from django_cogworker import affinity
+from django_cogworker.process import BACKGROUND_STOP_TIMEOUT_S
+from django_cogworker.supervisor_watch import SUPERVISOR_FD_ENV, SUPERVISOR_PID_ENV
 
 logger = logging.getLogger("django_cogworker")
 
@@ -57,11 +55,6 @@ KILL_MARGIN_S = BACKGROUND_STOP_TIMEOUT_S + 5.0
 
 #: The longest the main loop waits without looking at its children (a safety net).
 MAX_WAIT_S = 1.0
-
-#: Environment variables that give a child the read end of the supervisor's
-#: pipe and the supervisor's pid.
-SUPERVISOR_FD_ENV = "COGWORKER_SUPERVISOR_FD"
-SUPERVISOR_PID_ENV = "COGWORKER_SUPERVISOR_PID"
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FORWARDED = (signal.SIGTSTP, signal.SIGTTIN)
@@ -148,7 +141,7 @@ class Supervisor:
     # -- the main loop ---------------------------------------------------------------
 
     def run(self) -> int:
-        watch_r, watch_w = os.pipe()  # the write end is never written to: see watch_supervisor
+        watch_r, watch_w = os.pipe()  # the write end is never written to: see supervisor_watch.py
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -321,39 +314,3 @@ def _load_prctl() -> Callable[[int, int], int] | None:
     except (OSError, AttributeError):
         return None
     return prctl
-
-
-# -- the child side ----------------------------------------------------------------
-
-
-def watch_supervisor(
-    on_gone: Callable[[], None], on_crash: Callable[[str], None] | None = None
-) -> threading.Thread | None:
-    """In a child of a supervisor: call ``on_gone`` once the supervisor has
-    died, however it died. Returns the watching thread, or None when this
-    process has no supervisor."""
-    value = os.environ.pop(SUPERVISOR_FD_ENV, None)
-    # Popped, not read: a subprocess a job starts is no child of the supervisor.
-    pid = os.environ.pop(SUPERVISOR_PID_ENV, "?")
-    if value is None:
-        return None
-    try:
-        fd = int(value)
-        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
-    except (ValueError, OSError):
-        is_pipe = False
-    if not is_pipe:
-        logger.error("%s=%r is not a pipe; cannot watch the supervisor", SUPERVISOR_FD_ENV, value)
-        return None
-    os.set_inheritable(fd, False)
-
-    def watch() -> None:
-        # Nothing is ever written: the read returns only at EOF, when the
-        # last write end (the supervisor's) is closed.
-        while os.read(fd, 512):
-            pass
-        os.close(fd)
-        logger.warning("supervisor (pid %s) is gone; stopping", pid)
-        on_gone()
-
-    return threads.start("cogworker-supervisor-watch", watch, on_crash)

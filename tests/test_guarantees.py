@@ -36,6 +36,7 @@ from django_cogworker.keys import Keys
 from django_cogworker.launcher import Launcher
 from django_cogworker.manager import INTERRUPT_DELAY_S, MAX_INTERRUPTS, Manager
 from django_cogworker.payload import encode
+from django_cogworker.process import open_process
 from django_cogworker.recovery import ORPHANINGS_TTL_S
 from django_cogworker.requeue import requeue_list
 from django_cogworker.scripts import script
@@ -891,7 +892,7 @@ def test_g10_a_server_refusing_blmove_and_lpos_falls_back_to_basic_fetch(cog, ow
 
 def test_g10_a_connection_error_while_checking_is_not_taken_as_an_answer(cog, monkeypatch):
     config = get_config()
-    manager = Manager(config, "host:10:g10", config.queues, 1, "reliable", 1.0)
+    manager = Manager(open_process(config, "host:10:g10"), config.queues, 1, "reliable", 1.0)
     original = manager.client.info
     failures = []
 

@@ -129,7 +129,7 @@ def test_each_running_job_is_summarised_once_not_on_every_beat(monkeypatch):
 
     monkeypatch.setattr(heartbeat, "summary", counting)
     manager = FakeManager()
-    beat = heartbeat.Heartbeat(SimpleNamespace(manager=manager))  # type: ignore[arg-type]
+    beat = heartbeat.Heartbeat(SimpleNamespace(), manager.ledger, None, None)  # type: ignore[arg-type]
     first = UnitOfWork("default", encode({"jid": "a", "job": "app.a", "args": ["x" * 10**6]}))
     second = UnitOfWork("mail", b"not json")
     manager.running = {0: (first, 100.0, ""), 3: (second, 101.0, "")}

@@ -457,6 +457,7 @@ def test_recovery_and_give_back_retake_the_running_lock_for_the_requeued_run(cog
     # The payload fields the ticker writes are what the requeue scripts read.
     from django_cogworker.fetch import UnitOfWork
     from django_cogworker.manager import Manager
+    from django_cogworker.process import open_process
     from django_cogworker.recovery import Recovery
 
     config = get_config()
@@ -469,8 +470,8 @@ def test_recovery_and_give_back_retake_the_running_lock_for_the_requeued_run(cog
     # A dead process held it, and the lock lapsed meanwhile: recovery re-takes it.
     cog.redis.delete(cog.key("queue:default"), lock)
     cog.redis.rpush(cog.key("inprogress:dead-host:1:x"), raw)
-    manager = Manager(config, "live-host:2:y", config.queues, 1, "reliable", 1.0)
-    recovery = Recovery(manager)
+    manager = Manager(open_process(config, "live-host:2:y"), config.queues, 1, "reliable", 1.0)
+    recovery = Recovery(manager.process)
     assert recovery.requeue_in_progress("dead-host:1:x", if_dead_for_s=config.orphan_threshold_s) == 1
     assert cog.redis.get(lock).decode() == jid
     assert PERIODIC_QUEUED_TTL_S - 5 < cog.redis.ttl(lock) <= PERIODIC_QUEUED_TTL_S

@@ -12,8 +12,9 @@ skips a slot while its previous run is queued or running. By role:
   :class:`PeriodicLockMiddleware`, which holds it around the run;
 - :mod:`.ticker`: the :class:`Ticker` thread of every worker process;
 - here: the ``@periodic`` decorator and its entries, and :func:`entries`,
-  what the ticker and the admin list. The decorated entries live in this
-  module so that ``django_cogworker.periodic._decorated`` is the one list.
+  what the ticker (through the loader the launcher hands it) and the admin
+  list. The decorated entries live in this module so that
+  ``django_cogworker.periodic._decorated`` is the one list.
 
 Every name other modules use is importable from here.
 """

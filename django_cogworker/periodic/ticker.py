@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -55,9 +55,10 @@ class Ticker:
         keys: Keys,
         config: Config,
         stop: threading.Event,
-        entries_: Iterable[Entry] | None = None,
+        entries_: Iterable[Entry] = (),
         outage: Outage | None = None,
         held: HeldLocks = HELD,
+        load: Callable[[], Iterable[Entry]] | None = None,
     ) -> None:
         self.client = client
         self.outage = outage or Outage()
@@ -65,21 +66,18 @@ class Ticker:
         self.config = config
         self.stop = stop
         self.held = held
-        # Read from the settings when the thread starts (after autodiscovery).
-        self._load = entries_ is None
-        self.entries: list[Entry] = list(entries_ or ())
+        # ``load`` reads the entries when the thread starts (after
+        # autodiscovery has run the ``@periodic`` decorators).
+        self._load = load
+        self.entries: list[Entry] = list(entries_)
         self.done_slot: dict[str, float] = {}
         self.next_at: dict[str, float] = {}
         self.failing: dict[str, str] = {}
         self.extend_every_s = active_ttl_s(config) / 4
 
     def run(self) -> None:
-        if self._load:
-            # The package imports this module, and holds the list of
-            # decorated entries: import its reader when it is complete.
-            from django_cogworker.periodic import entries
-
-            self.entries = entries(self.config, log=True)
+        if self._load is not None:
+            self.entries = list(self._load())
         if self.entries:
             logger.info("periodic: %d entr%s", len(self.entries), "y" if len(self.entries) == 1 else "ies")
         next_extend = time.monotonic() + self.extend_every_s
