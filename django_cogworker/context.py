@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import time
 from dataclasses import dataclass
 
 
@@ -12,14 +13,24 @@ class JobContext:
     queue: str
     retry_count: int
     name: str
+    #: When the job's ``timeout`` runs out (monotonic clock); None without one.
+    deadline: float | None = None
+
+    def remaining(self) -> float | None:
+        """Seconds left before the job's ``timeout`` (0.0 once past it), for
+        what a ``JobTimeout`` cannot interrupt: give it to a socket, an HTTP
+        client, a ``statement_timeout``. None when the job has no timeout."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
 
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("cogworker_job", default=None)
 
 
 def current_job() -> JobContext | None:
-    """The running job's ``jid``, ``queue``, ``retry_count`` and ``name``;
-    None outside a job."""
+    """The running job's ``jid``, ``queue``, ``retry_count`` and ``name``,
+    and ``remaining()``; None outside a job."""
     return _current.get()
 
 

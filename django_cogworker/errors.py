@@ -78,6 +78,13 @@ class ProcessDied(CogworkerError):
     """Filed in dead for a job whose process died under it too many times."""
 
 
+class JobTimeout(BaseException):
+    """A job ran past its ``timeout`` (raised in its thread) or its
+    ``hard_timeout`` (the error it is filed with). A ``BaseException``, like
+    ``KeyboardInterrupt``, so that a job's ``except Exception`` does not
+    swallow it; the run is a failure like any other (retry, dead)."""
+
+
 #: Replies that mean "this is not (or no longer) the master that can take
 #: the command": a failover or a cluster resharding under way. They are an
 #: outage, like a refused connection, not a failing command.

@@ -9,7 +9,8 @@ their raw text) and G14 (``close_old_connections`` around every job; a job's
 exception never escapes). In a thread that never opened a database
 connection, ``close_old_connections`` has nothing to close, and is not
 called: it costs a look into each alias's thread-local, a tenth of a no-op
-job's time.
+job's time. A job with a ``timeout`` or ``hard_timeout`` runs its function
+through ``timeouts.call``; a plain one pays one test for it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
-from django_cogworker import middleware, registry, retry
+from django_cogworker import middleware, registry, retry, timeouts
 from django_cogworker.conf import Config
 from django_cogworker.context import JobContext, reset_current, set_current
-from django_cogworker.errors import BadPayload, JobNotRegistered
+from django_cogworker.errors import BadPayload, JobNotRegistered, JobTimeout
 from django_cogworker.payload import Payload, decode, encode_stored, salvage
 
 if TYPE_CHECKING:
@@ -109,11 +110,15 @@ def execute(
         return dead_letter(raw, error, time.time())
 
     jid = str(payload.get("jid") or "")
+    # From the payload (``.set()``), else the registered job's own.
+    timeout_s = payload.get("timeout", job.timeout)
+    hard_timeout_s = payload.get("hard_timeout", job.hard_timeout)
     ctx = JobContext(
         jid=jid,
         queue=str(payload.get("queue") or queue),
         retry_count=retry.next_retry_count(payload),
         name=job.name,
+        deadline=None if timeout_s is None else time.monotonic() + timeout_s,
     )
     token = set_current(ctx)
     try:
@@ -127,7 +132,20 @@ def execute(
         began = time.monotonic()
         try:
             run.before()
-            job.func(*payload.get("args", []), **payload.get("kwargs", {}))
+            if timeout_s is None and hard_timeout_s is None:
+                job.func(*payload.get("args", []), **payload.get("kwargs", {}))
+            else:
+                # Armed around the function alone: a JobTimeout never lands
+                # in the middleware or in what follows.
+                timeouts.call(
+                    jid,
+                    timeout_s,
+                    ctx.deadline,
+                    hard_timeout_s,
+                    job.func,
+                    payload.get("args", []),
+                    payload.get("kwargs", {}),
+                )
         except BaseException as exc:
             # SystemExit, KeyboardInterrupt and the like, raised by the job
             # itself, are its failure too (G14): let through, they would
@@ -200,6 +218,15 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
         "jid=%s %s %s; exhausted its retries; moved to dead", jid, failed["job"], what, exc_info=exc
     )
     return Outcome(DEAD, failed, now, failed=True, jid=jid, ran=ran)
+
+
+def hard_timed_out(payload: Payload, config: Config, hard_timeout_s: float, took_s: float) -> Outcome:
+    """The outcome of a run still stuck past its ``hard_timeout``, filed by
+    its process before it exits: a failure like any other (retry, dead)."""
+    job = registry.get(payload["job"])
+    assert job is not None  # it ran
+    error = JobTimeout(f"job exceeded its hard_timeout of {hard_timeout_s:g}s and was still running")
+    return failure(dict(payload), error, config, job, took_s)
 
 
 def call_error_handlers(exc: BaseException, payload: Payload, config: Config) -> None:

@@ -49,6 +49,8 @@ class Job:
     on_exhausted: OnExhausted | None = None
     unique_for: float | None = None
     unique_until: str = "success"
+    timeout: float | None = None
+    hard_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str) or not self.queue:
@@ -66,6 +68,22 @@ class Job:
             isinstance(self.unique_for, int | float) and self.unique_for > 0
         ):
             raise TypeError(f"job {self.name!r}: unique_for must be a positive number of seconds or None")
+        self.check_time_limits()
+
+    def check_time_limits(self) -> None:
+        """``timeout`` and ``hard_timeout`` (SPEC section 14): positive
+        seconds or None, and a hard limit no shorter than the soft one."""
+        for option in ("timeout", "hard_timeout"):
+            value = getattr(self, option)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
+                raise TypeError(f"job {self.name!r}: {option} must be a positive number of seconds or None")
+        if self.timeout is not None and self.hard_timeout is not None and self.hard_timeout < self.timeout:
+            raise TypeError(
+                f"job {self.name!r}: hard_timeout ({self.hard_timeout:g}s) must not be shorter than timeout "
+                f"({self.timeout:g}s): the process would exit before the job's own timeout could stop it"
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """A plain call runs the function inline; nothing is enqueued."""
@@ -149,6 +167,10 @@ class Job:
         if self.unique_for is not None:
             payload["unique_for"] = self.unique_for
             payload["unique_until"] = self.unique_until
+        if self.timeout is not None:
+            payload["timeout"] = self.timeout
+        if self.hard_timeout is not None:
+            payload["hard_timeout"] = self.hard_timeout
         return payload
 
     def checked_payload(

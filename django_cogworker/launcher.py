@@ -6,7 +6,9 @@ recovery at boot with a key scan and every ``ORPHAN_CHECK_INTERVAL``,
 settlement and strays every beat);
 turn signals into actions (TERM/INT stop, TSTP quiet, TTIN thread dump; the
 same "quiet" and "stop" sent through Redis from the admin); on stop, let the
-manager finish (G8), then have the heartbeat deregister.
+manager finish (G8), then have the heartbeat deregister. A run stuck past its
+``hard_timeout`` stops the process the same way, with ``exit_status`` 3
+(``HARD_TIMEOUT_EXIT_STATUS``), for its supervisor to start a fresh one.
 
 It builds the process context (``process.py``) once and hands it to every
 role; none of them imports this module.
@@ -45,6 +47,10 @@ logger = logging.getLogger("django_cogworker")
 #: How long to keep trying the first beat before giving up at boot.
 BOOT_RETRY_MAX_S = 5.0
 
+#: The exit status of a process stopped by a run stuck past its
+#: ``hard_timeout`` (SPEC section 14): 0 is a stop asked for, 1 an error.
+HARD_TIMEOUT_EXIT_STATUS = 3
+
 
 def new_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -67,6 +73,8 @@ class Launcher:
         self.identity = process.identity
         self.signals: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.background: list[threading.Thread] = []  # heartbeat, poller, ticker, housekeeper
+        #: For the command to exit with: 0, or HARD_TIMEOUT_EXIT_STATUS.
+        self.exit_status = 0
         self.manager = Manager(
             process,
             queues or config.queues,
@@ -74,6 +82,7 @@ class Launcher:
             fetch or config.fetch,
             config.shutdown_timeout_s if shutdown_timeout_s is None else shutdown_timeout_s,
         )
+        self.manager.on_stuck = lambda: self.signals.put("hard_timeout")
         self.recovery = Recovery(process)
         self.heartbeat = Heartbeat(process, self.manager.ledger, self.status, self.remote_signal)
         self.poller = Poller(process)
@@ -137,7 +146,7 @@ class Launcher:
                 what = self.signals.get(timeout=1.0)
             except queue.Empty:
                 continue
-            if what == "stop":
+            if what in ("stop", "hard_timeout"):
                 break
             self.handle(what)
         self.stop()
@@ -193,7 +202,15 @@ class Launcher:
         for thread in self.background:
             thread.join(max(0.0, deadline - time.monotonic()))
         self.heartbeat.deregister()
-        logger.info("cogworker %s stopped", self.identity)
+        if self.manager.stuck:
+            self.exit_status = HARD_TIMEOUT_EXIT_STATUS
+            logger.error(
+                "cogworker %s stopped: a job passed its hard_timeout; exiting with status %d",
+                self.identity,
+                self.exit_status,
+            )
+        else:
+            logger.info("cogworker %s stopped", self.identity)
 
     def status(self) -> Status:
         """What the heartbeat says of the work on each beat."""

@@ -5,7 +5,10 @@ dies of an error of ours; on quiet, stop fetching and give back the jobs
 fetched for threads that will not run them; on shutdown (G8) quiet at once,
 wait up to ``SHUTDOWN_TIMEOUT``, interrupt what still runs (filed in retry
 a little ahead, a bounded number of times), and have the settler put the
-rest of this process's list back. The memory of the jobs is the ledger's,
+rest of this process's list back; a run past its ``hard_timeout``
+(``timeouts.py``) asks for that shutdown (the launcher exits with status 3),
+and is filed as failed with ``JobTimeout``, once, before the process
+exits: it never starts again while its stuck thread lives. The memory of the jobs is the ledger's,
 telling Redis how they ended is the settler's, the fetch is the fetcher's.
 """
 
@@ -16,8 +19,9 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
-from django_cogworker import threads
+from django_cogworker import execution, threads, timeouts
 from django_cogworker.conf import QueueSpec
 from django_cogworker.connection import fit_pool, pool_size
 from django_cogworker.errors import BadPayload
@@ -71,6 +75,10 @@ class Manager:
         self.crew = Crew(config, self.ledger, self.fetching, self.settler, self.outage, self.quiet)
         self._threads: dict[int, threading.Thread] = {}
         self.crashes = 0
+        #: jid -> hard timeout (s) of the runs stuck past it.
+        self.stuck: dict[str, float] = {}
+        #: Called once when a run is stuck: the launcher stops the process.
+        self.on_stuck: Callable[[], None] = lambda: None
 
     # -- what the other roles read ---------------------------------------------------
 
@@ -115,6 +123,7 @@ class Manager:
     # -- the processors ------------------------------------------------------------------
 
     def start(self) -> None:
+        timeouts.on_stuck(self.stuck_run)
         for index in range(self.concurrency):
             self.start_processor(index)
 
@@ -152,21 +161,57 @@ class Manager:
             for work in fetcher.take_buffered():
                 self.settler.give_back(work)
 
-    def wait_for_processors(self, deadline: float) -> None:
-        for thread in list(self._threads.values()):
-            thread.join(max(0.0, deadline - time.monotonic()))
+    def wait_for_processors(self, deadline: float, skip: frozenset[int] = frozenset()) -> None:
+        for index, thread in list(self._threads.items()):
+            if index not in skip:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
         """Quiet, wait up to the timeout, then settle what is left."""
         self.stop_fetching()
         deadline = time.monotonic() + self.shutdown_timeout_s
-        self.wait_for_processors(deadline)
+        # No wait for a stuck thread: it will not finish.
+        self.wait_for_processors(deadline, frozenset(index for index, _ in self.stuck_runs()))
         self.stopping.set()
-        running = [r.work for _, r in self.ledger.running_now()]
+        self.file_stuck()
+        running = [r.work for _, r in self.ledger.running_now() if r.work.jid not in self.stuck]
         if running:
             logger.warning("%d job(s) still running at the shutdown deadline", len(running))
             self.interrupt(running)
         self.settler.settle_unfinished()
+
+    # -- hard timeouts -----------------------------------------------------------------
+
+    def stuck_run(self, jid: str, hard_timeout_s: float) -> None:
+        """From the watchdog thread: a run is past its ``hard_timeout``."""
+        first = not self.stuck
+        self.stuck[jid] = hard_timeout_s
+        logger.error(
+            "jid=%s exceeded its hard_timeout of %gs; this process stops fetching, lets its other jobs "
+            "finish and exits with status 3",
+            jid,
+            hard_timeout_s,
+        )
+        if first:
+            self.on_stuck()
+
+    def stuck_runs(self) -> list[tuple[int, UnitOfWork]]:
+        return [(i, r.work) for i, r in self.ledger.running_now() if r.work.jid in self.stuck]
+
+    def file_stuck(self) -> None:
+        """Each run still stuck is filed as failed with ``JobTimeout``, then
+        marked interrupted: should its thread ever return, its outcome is
+        not settled a second time (the process exits first, in any case)."""
+        for index, work in self.stuck_runs():
+            running = dict(self.ledger.running_now()).get(index)
+            took_s = time.time() - running.started_at if running is not None else 0.0
+            try:
+                payload = work.payload()
+            except BadPayload:
+                continue  # it could not have run
+            outcome = execution.hard_timed_out(payload, self.config, self.stuck[work.jid], took_s)
+            self.settler.settle(work, outcome)
+            self.ledger.interrupt(work.raw)
 
     def interrupt(self, running: list[UnitOfWork]) -> None:
         for work in running:

@@ -58,6 +58,8 @@ def job(
     on_exhausted: OnExhausted | None = ...,
     unique_for: float | None = ...,
     unique_until: Literal["success", "start"] = ...,
+    timeout: float | None = ...,
+    hard_timeout: float | None = ...,
     name: str | None = ...,
 ) -> Callable[[Callable[..., Any]], Job]: ...
 

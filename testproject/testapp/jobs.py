@@ -214,3 +214,44 @@ def note_to_file(path: str, tag: object, padding: str = "", first_run_s: float =
         time.sleep(first_run_s)
     with open(path, "a") as fh:
         fh.write(f"{tag}\n")
+
+
+@job(timeout=1.0, retry=False)
+def busy_past_timeout(tag: object = None) -> None:
+    """A pure-Python busy loop inside ``except Exception``: only a
+    ``JobTimeout`` (a BaseException) gets it out before 30 s."""
+    ctx = current_job()
+    assert ctx is not None
+    first = ctx.remaining()
+    spin_until = time.monotonic() + 0.2
+    while time.monotonic() < spin_until:
+        pass
+    _note("remaining", tag=tag, first=first, later=ctx.remaining())
+    try:
+        give_up = time.monotonic() + 30
+        while time.monotonic() < give_up:
+            pass
+    except Exception:
+        _note("swallowed", tag=tag)
+    _note("overran", tag=tag)
+
+
+@job(timeout=0.002, retry=False)
+def spin_about_timeout(seconds: float) -> None:
+    """Spins for ``seconds``, around its timeout: some finish just before
+    the deadline, some at it, some long after."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        pass
+
+
+@job(hard_timeout=1.0, retry=False)
+def stuck_in_sleep(tag: object = None) -> None:
+    _note("runs", tag=tag)
+    time.sleep(60)
+
+
+@job(hard_timeout=1.0, retry=1)
+def stuck_in_sleep_retried(tag: object = None) -> None:
+    _note("runs", tag=tag)
+    time.sleep(60)

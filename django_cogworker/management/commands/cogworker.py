@@ -138,3 +138,7 @@ class Command(BaseCommand):
             launcher.run()
         except RedisAccessRefused as exc:
             raise CommandError(str(exc)) from None  # exit status 1, the message, no traceback
+        if launcher.exit_status:
+            # A thread stuck in a C call may never return: the process
+            # leaves it behind (processor threads are daemons).
+            sys.exit(launcher.exit_status)
