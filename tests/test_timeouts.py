@@ -146,11 +146,12 @@ def test_timeout_many_tiny_jobs_at_their_deadline_leave_threads_and_worker_code_
 # -- hard_timeout -------------------------------------------------------------------------------
 
 
-def test_hard_timeout_a_job_stuck_in_sleep_drains_the_process_which_exits_3(cog):
+@pytest.mark.parametrize("stuck_job", [jobs.stuck_in_sleep, jobs.stuck_in_recv], ids=["sleep", "recv"])
+def test_hard_timeout_a_stuck_job_drains_the_process_which_exits_3(cog, stuck_job):
     shutdown_s = float(FAST["SHUTDOWN_TIMEOUT"])
     worker = cog.start_worker(CONCURRENCY=2)
     worker.identity()
-    stuck = jobs.stuck_in_sleep.delay("stuck")
+    stuck = stuck_job.delay("stuck")
     wait_for(lambda: cog.notes(), 15, "the stuck job to start")
     other = jobs.sleep_then_record.delay(2.0, "other")
     wait_for(lambda: cog.notes("started"), 15, "the other job to start")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -249,6 +250,14 @@ def spin_about_timeout(seconds: float) -> None:
 def stuck_in_sleep(tag: object = None) -> None:
     _note("runs", tag=tag)
     time.sleep(60)
+
+
+@job(hard_timeout=1.0, retry=False)
+def stuck_in_recv(tag: object = None) -> None:
+    """Blocked in a C call, a socket read without a timeout, for ever."""
+    _note("runs", tag=tag)
+    waiting, _silent = socket.socketpair()
+    waiting.recv(1)
 
 
 @job(hard_timeout=1.0, retry=1)
