@@ -26,7 +26,7 @@ from django.utils.module_loading import import_string
 
 from django_cogworker import middleware, registry, retry, timeouts
 from django_cogworker.conf import Config
-from django_cogworker.context import JobContext, reset_current, set_current
+from django_cogworker.context import JobContext, TimedJobContext, reset_current, set_current
 from django_cogworker.errors import BadPayload, JobNotRegistered, JobTimeout
 from django_cogworker.payload import Payload, decode, encode_stored, salvage
 
@@ -110,16 +110,20 @@ def execute(
         return dead_letter(raw, error, time.time())
 
     jid = str(payload.get("jid") or "")
-    # From the payload (``.set()``), else the registered job's own.
-    timeout_s = payload.get("timeout", job.timeout)
-    hard_timeout_s = payload.get("hard_timeout", job.hard_timeout)
     ctx = JobContext(
         jid=jid,
         queue=str(payload.get("queue") or queue),
         retry_count=retry.next_retry_count(payload),
         name=job.name,
-        deadline=None if timeout_s is None else time.monotonic() + timeout_s,
     )
+    # Written into the payload at enqueue, from @job or .set(); a plain job
+    # pays these two tests and nothing else.
+    limited = "timeout" in payload or "hard_timeout" in payload
+    if limited:
+        timeout_s, hard_timeout_s = payload.get("timeout"), payload.get("hard_timeout")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if deadline is not None:
+            ctx = TimedJobContext(ctx.jid, ctx.queue, ctx.retry_count, ctx.name, deadline)
     token = set_current(ctx)
     try:
         # Inside the try: if it raises, the context is still reset below.
@@ -132,7 +136,7 @@ def execute(
         began = time.monotonic()
         try:
             run.before()
-            if timeout_s is None and hard_timeout_s is None:
+            if not limited:
                 job.func(*payload.get("args", []), **payload.get("kwargs", {}))
             else:
                 # Armed around the function alone: a JobTimeout never lands
@@ -140,7 +144,7 @@ def execute(
                 timeouts.call(
                     jid,
                     timeout_s,
-                    ctx.deadline,
+                    deadline,
                     hard_timeout_s,
                     job.func,
                     payload.get("args", []),
