@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
-from django_cogworker import middleware, registry, retry
+from django_cogworker import expiry, middleware, registry, retry
 from django_cogworker.conf import Config
+from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import JobContext, reset_current, set_current
 from django_cogworker.errors import BadPayload, JobNotRegistered
 from django_cogworker.payload import Payload, decode, encode_stored, salvage
@@ -49,7 +50,8 @@ class Outcome:
     kind: str  # ACK, RETRY or DEAD
     payload: Payload | None = None  # what to file (RETRY, DEAD)
     score: float = 0.0
-    failed: bool = False
+    #: None: the job did not run (it expired): neither processed nor failed.
+    failed: bool | None = False
     jid: str = ""
     #: The job's name and how long its function ran (s), when it was called.
     ran: tuple[str, float] | None = None
@@ -179,6 +181,9 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
     what = f"failed ({failed['error_class']}: {failed['error_message'][:500]}) after {took_s:.3f}s"
     if count < retry.max_retries(failed, config.default_retry):
         delay = retry.backoff_s(count, exc, job)
+        if expiry.FIELD in failed and _retry_too_late(failed, delay):
+            logger.warning("jid=%s %s %s; its retry would come after its deadline", jid, failed["job"], what)
+            return Outcome(ACK, failed=True, jid=jid, ran=ran)  # the middleware releases its lock (final)
         logger.warning("jid=%s %s %s; retry %d in %.1fs", jid, failed["job"], what, count + 1, delay)
         logger.info("jid=%s %s traceback of attempt %d:", jid, failed["job"], count + 1, exc_info=exc)
         return Outcome(RETRY, failed, now + delay, failed=True, jid=jid, ran=ran)
@@ -200,6 +205,20 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
         "jid=%s %s %s; exhausted its retries; moved to dead", jid, failed["job"], what, exc_info=exc
     )
     return Outcome(DEAD, failed, now, failed=True, jid=jid, ran=ran)
+
+
+def _retry_too_late(failed: Payload, delay_s: float) -> bool:
+    """An expiring job's retry due after its deadline is dropped as expired
+    (recorded here), not filed; when Redis's time cannot be told, it is filed."""
+    client, keys = get_redis(), get_keys()
+    try:
+        late = expiry.too_late(failed, client, delay_s)
+    except Exception as exc:
+        logger.warning("could not read Redis's time (%s); filing the retry", exc)
+        return False
+    if late:
+        expiry.drop(client, keys, [failed], "its retry would be due too late", unlock=False)
+    return late
 
 
 def call_error_handlers(exc: BaseException, payload: Payload, config: Config) -> None:

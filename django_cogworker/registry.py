@@ -58,6 +58,7 @@ def job(
     on_exhausted: OnExhausted | None = ...,
     unique_for: float | None = ...,
     unique_until: Literal["success", "start"] = ...,
+    expires: float | None = ...,
     name: str | None = ...,
 ) -> Callable[[Callable[..., Any]], Job]: ...
 

@@ -214,3 +214,19 @@ def note_to_file(path: str, tag: object, padding: str = "", first_run_s: float =
         time.sleep(first_run_s)
     with open(path, "a") as fh:
         fh.write(f"{tag}\n")
+
+
+@job(expires=1)
+def expiring(tag: object = None) -> None:
+    _note("runs", tag=tag)
+
+
+@job(expires=1, unique_for=600)
+def expiring_unique(tag: object = None) -> None:
+    _note("runs", tag=tag)
+
+
+@job(expires=3, retry=5, retry_in=lambda count, exc: 30)
+def expiring_fail(message: str = "boom") -> None:
+    _note("runs", tag=message)
+    raise ValueError(message)
