@@ -108,7 +108,7 @@ def drop(client: Any, keys: Keys, payloads: Iterable[Payload], where: str, *, un
     if not payloads:
         return
     for p in payloads:
-        logger.info("jid=%s %s expired (%s); not run", p.get("jid"), p.get("job"), where)
+        logger.info("jid=%s %s expired (%s): dropped", p.get("jid"), p.get("job"), where)
     try:
         pipe = client.pipeline(transaction=False)
         pipe.incrby(keys.stat_expired, len(payloads))
