@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
-from django_cogworker import middleware, registry, retry, timeouts
+from django_cogworker import expiry, middleware, registry, retry, timeouts
 from django_cogworker.conf import Config
+from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import JobContext, TimedJobContext, reset_current, set_current
 from django_cogworker.errors import BadPayload, JobNotRegistered, JobTimeout
 from django_cogworker.payload import Payload, decode, encode_stored, salvage
@@ -50,7 +51,8 @@ class Outcome:
     kind: str  # ACK, RETRY or DEAD
     payload: Payload | None = None  # what to file (RETRY, DEAD)
     score: float = 0.0
-    failed: bool = False
+    #: None: the job did not run (it expired): neither processed nor failed.
+    failed: bool | None = False
     jid: str = ""
     #: The job's name and how long its function ran (s), when it was called.
     ran: tuple[str, float] | None = None
@@ -201,6 +203,9 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
     what = f"failed ({failed['error_class']}: {failed['error_message'][:500]}) after {took_s:.3f}s"
     if count < retry.max_retries(failed, config.default_retry):
         delay = retry.backoff_s(count, exc, job)
+        if expiry.FIELD in failed and _retry_too_late(failed, delay):
+            logger.warning("jid=%s %s %s; its retry would come after its deadline", jid, failed["job"], what)
+            return Outcome(ACK, failed=True, jid=jid, ran=ran)  # the middleware releases its lock (final)
         logger.warning("jid=%s %s %s; retry %d in %.1fs", jid, failed["job"], what, count + 1, delay)
         logger.info("jid=%s %s traceback of attempt %d:", jid, failed["job"], count + 1, exc_info=exc)
         return Outcome(RETRY, failed, now + delay, failed=True, jid=jid, ran=ran)
@@ -231,6 +236,20 @@ def hard_timed_out(payload: Payload, config: Config, hard_timeout_s: float, took
     assert job is not None  # it ran
     error = JobTimeout(f"job exceeded its hard_timeout of {hard_timeout_s:g}s and was still running")
     return failure(dict(payload), error, config, job, took_s)
+
+
+def _retry_too_late(failed: Payload, delay_s: float) -> bool:
+    """An expiring job's retry due after its deadline is dropped as expired
+    (recorded here), not filed; when Redis's time cannot be told, it is filed."""
+    client, keys = get_redis(), get_keys()
+    try:
+        late = expiry.too_late(failed, client, delay_s)
+    except Exception as exc:
+        logger.warning("could not read Redis's time (%s); filing the retry", exc)
+        return False
+    if late:
+        expiry.drop(client, keys, [failed], "its retry would be due too late", unlock=False)
+    return late
 
 
 def call_error_handlers(exc: BaseException, payload: Payload, config: Config) -> None:

@@ -12,8 +12,10 @@ one beat, and a job costs Redis nothing for them. On a full Redis
 takes: the presence, the stamps, the registration and the signals; the
 counters and metrics wait in the ledger for a beat with room (SPEC section 8).
 Signals sent through Redis (quiet, stop) are collected on the way and
-handed to ``on_signal``. On stop, :meth:`Heartbeat.deregister` undoes the
-beat: the last counters are written and the process's records removed.
+handed to ``on_signal``; the beat's ``TIME`` keeps the process's offset
+from Redis's clock (``expiry.clock``) fresh. On stop,
+:meth:`Heartbeat.deregister` undoes the beat: the last counters are written
+and the process's records removed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from django_cogworker import metrics, stats
+from django_cogworker import expiry, metrics, stats
 from django_cogworker.connection import follow_master
 from django_cogworker.ledger import Ledger
 from django_cogworker.metrics import METRICS_TTL_S
@@ -119,8 +121,9 @@ class Heartbeat:
             args += [name, value]
         args += increments
         args += jobs
+        sent_at = time.time()
         try:
-            registered, signals, full = script("heartbeat")(
+            registered, signals, full, redis_now = script("heartbeat")(
                 p.client,
                 [
                     k.process(p.identity),
@@ -139,6 +142,7 @@ class Heartbeat:
         except Exception:
             self.ledger.give_counts_back(processed, failed, tally)
             raise
+        expiry.clock.observe(float(redis_now), sent_at, time.time())
         if full:
             # The minimal beat wrote no counters: they wait for one that can.
             self.ledger.give_counts_back(processed, failed, tally)

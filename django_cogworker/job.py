@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterable, MutableSet, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django_cogworker import client
+from django_cogworker import client, expiry
 from django_cogworker.conf import DEFAULT_QUEUE
+from django_cogworker.connection import get_redis
+from django_cogworker.errors import EnqueueRefused, redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid, new_jids
 
@@ -51,6 +53,9 @@ class Job:
     unique_until: str = "success"
     timeout: float | None = None
     hard_timeout: float | None = None
+    #: Seconds after it is due that the job may still start (``expires``);
+    #: ``.set(expires_in=...)`` per call.
+    expires: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str) or not self.queue:
@@ -68,6 +73,11 @@ class Job:
             isinstance(self.unique_for, int | float) and self.unique_for > 0
         ):
             raise TypeError(f"job {self.name!r}: unique_for must be a positive number of seconds or None")
+        if self.expires is not None and not expiry.is_expires(self.expires):
+            raise TypeError(
+                f"job {self.name!r}: expires (expires_in in set()) must be a positive number of seconds "
+                f"or None, not {self.expires!r}"
+            )
         self.check_time_limits()
 
     def check_time_limits(self) -> None:
@@ -90,7 +100,10 @@ class Job:
         return self.func(*args, **kwargs)
 
     def set(self, **options: Any) -> Job:
-        """A copy with per-call options (``queue``, ``retry``, ``dead``, ...)."""
+        """A copy with per-call options (``queue``, ``retry``, ``dead``,
+        ``expires_in``, ...)."""
+        if "expires_in" in options:
+            options["expires"] = options.pop("expires_in")
         local = {"retry_in", "on_exhausted"} & set(options)
         if local:
             # A payload is JSON: functions cannot travel with it, so a worker
@@ -184,15 +197,30 @@ class Job:
         self.check_call(args, kwargs)
         return payload
 
+    def expiring(self, payload: Payload, due: float | None) -> Payload:
+        """The payload with its deadline, ``expires_at`` on Redis's clock,
+        for a job with ``expires`` due at ``due`` (None: now)."""
+        assert self.expires is not None
+        with redis_boundary("enqueue", refused=EnqueueRefused):
+            payload[expiry.FIELD] = expiry.deadline(get_redis(), self.expires, due)
+        return payload
+
     def delay(self, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue now. Returns the jid (None if a client middleware refused)."""
-        return client.enqueue(self.checked_payload(args, kwargs))
+        payload = self.checked_payload(args, kwargs)
+        if self.expires is not None:
+            self.expiring(payload, None)
+        return client.enqueue(payload)
 
     def delay_in(self, seconds: float | timedelta, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue to run after ``seconds`` (a number or a timedelta)."""
         if isinstance(seconds, timedelta):
             seconds = seconds.total_seconds()
-        return client.enqueue(self.checked_payload(args, kwargs), at=time.time() + float(seconds))
+        at = time.time() + float(seconds)
+        payload = self.checked_payload(args, kwargs)
+        if self.expires is not None:
+            self.expiring(payload, at)
+        return client.enqueue(payload, at=at)
 
     def delay_at(self, when: datetime | float | int, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue to run at ``when`` (an aware datetime, or epoch seconds)."""
@@ -202,7 +230,10 @@ class Job:
             at = when.timestamp()
         else:
             at = float(when)
-        return client.enqueue(self.checked_payload(args, kwargs), at=at)
+        payload = self.checked_payload(args, kwargs)
+        if self.expires is not None:
+            self.expiring(payload, at)
+        return client.enqueue(payload, at=at)
 
     def delay_many(
         self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, chunk_size: int = 1000
@@ -214,4 +245,8 @@ class Job:
         calls = list(calls)
         jids = new_jids(len(calls))
         payloads = [self.checked_payload(a, kw, now, jid) for (a, kw), jid in zip(calls, jids, strict=True)]
+        if self.expires is not None and payloads:
+            at = self.expiring(payloads[0], now)[expiry.FIELD]
+            for payload in payloads:
+                payload[expiry.FIELD] = at
         return client.enqueue_many(payloads, chunk_size=chunk_size)

@@ -38,6 +38,9 @@ class Keys:
         self.unsettled = f"{n}:unsettled"
         self.stat_processed = f"{n}:stat:processed"
         self.stat_failed = f"{n}:stat:failed"
+        #: Expired jobs (``expires``): the total, and a hash of counts by job name.
+        self.stat_expired = f"{n}:stat:expired"
+        self.stat_expired_jobs = f"{n}:stat:expired:jobs"
         self.recovery_report = f"{n}:recovery"
         self.unique_prefix = f"{n}:unique:"
         self.periodic_running_prefix = f"{n}:periodic:running:"

@@ -2,7 +2,8 @@
 
 JSON only, never pickle. A payload carries at least ``jid``, ``job``,
 ``args``, ``kwargs``, ``queue``, ``retry``, ``created_at`` and
-``enqueued_at``; a failure adds ``retry_count``, ``error_class``,
+``enqueued_at`` (``expires_at`` for a job with ``expires``, on Redis's clock:
+:mod:`django_cogworker.expiry`); a failure adds ``retry_count``, ``error_class``,
 ``error_message``, ``error_backtrace``, ``failed_at`` and ``retried_at``.
 
 Everything read from Redis is untrusted text: :func:`parse` is the one

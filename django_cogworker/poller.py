@@ -4,7 +4,9 @@ Each batch is read with one ``ZRANGEBYSCORE`` and moved with one
 ``move_due.lua`` call, which moves a job only if it is still in the set, so
 many processes polling at once never move a job twice. The period is random
 around ``POLL_INTERVAL`` times the number of live processes, so the whole
-cluster polls every ``POLL_INTERVAL`` on average.
+cluster polls every ``POLL_INTERVAL`` on average. A job whose deadline
+(``expires``) has passed on Redis's clock is removed in the same call
+instead of pushed, and recorded by ``expiry.drop``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import threading
 import time
 from typing import Any
 
+from django_cogworker import expiry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
-from django_cogworker.payload import encode_stored, parse
+from django_cogworker.payload import Payload, encode_stored, parse
 from django_cogworker.process import ProcessContext
 from django_cogworker.scripts import script
 
@@ -44,19 +47,24 @@ class Poller:
         return move_due(self.client, self.keys, zset, self.process.done)
 
     @staticmethod
-    def prepare(entry: bytes, now: float) -> tuple[str, bytes]:
-        """Its queue and the payload to push, with ``enqueued_at`` renewed.
-        An unreadable entry goes to ``default`` unchanged; the processor
-        files it in dead (G13)."""
+    def prepare(
+        entry: bytes, now: float, redis_now: float | None = None
+    ) -> tuple[str, bytes, Payload | None]:
+        """Its queue and the payload to push, with ``enqueued_at`` renewed;
+        third, the payload when its deadline passed by ``redis_now``
+        (dropped, not pushed). An unreadable entry goes to ``default``
+        unchanged; the processor files it in dead (G13)."""
         try:
             payload = parse(entry)
         except BadPayload:  # not JSON, or nested too deeply to read
-            return DEFAULT_QUEUE, entry
+            return DEFAULT_QUEUE, entry, None
         queue = payload.get("queue") if isinstance(payload, dict) else None
         if not isinstance(queue, str) or not queue:
-            return DEFAULT_QUEUE, entry
+            return DEFAULT_QUEUE, entry, None
+        if expiry.FIELD in payload and redis_now is not None and expiry.expired(payload, redis_now):
+            return queue, entry, payload
         payload["enqueued_at"] = now
-        return queue, encode_stored(payload)
+        return queue, encode_stored(payload), None
 
     def interval_s(self) -> float:
         try:
@@ -93,7 +101,9 @@ def move_due(client: Any, keys: Keys, zset: str, stop: threading.Event | None = 
     """Moves the due jobs of ``zset`` to their queues, a batch per
     ``move_due.lua`` call (which moves a job only if it is still in the set,
     so processes polling at once never move a job twice). The testing
-    helpers move due jobs through here too."""
+    helpers move due jobs through here too. Expired jobs are removed
+    instead, and recorded (``expiry.drop``); Redis's time is read from the
+    process's clock offset (the heartbeat's in a worker)."""
     moved = 0
     while stop is None or not stop.is_set():
         now = time.time()
@@ -102,11 +112,20 @@ def move_due(client: Any, keys: Keys, zset: str, stop: threading.Event | None = 
             break
         script_keys = [zset, keys.queues]
         args: list[bytes | str] = []
-        for entry in entries:
-            queue, payload = Poller.prepare(entry, now)
+        expiring: dict[int, Payload] = {}
+        redis_now: float | None = None
+        for i, entry in enumerate(entries, 1):
+            if redis_now is None and expiry.FIELD.encode() in entry:
+                redis_now = expiry.clock.now(client)  # no round trip in a worker: the beat's offset
+            queue, payload, late = Poller.prepare(entry, now, redis_now)
             script_keys.append(keys.queue(queue))
+            if late is not None:
+                expiring[i] = late
+                queue = ""  # move_due.lua: removed, not pushed
             args += [entry, payload, queue]
-        count = int(script("move_due")(client, script_keys, args))
+        count, dropped = script("move_due")(client, script_keys, args)
+        count = int(count) + len(dropped)
+        expiry.drop(client, keys, [expiring[int(i)] for i in dropped], f"not moved from {zset}")
         moved += count
         if count == 0 or len(entries) < BATCH_SIZE:
             break  # nothing movable left (a broken queue key keeps its jobs back)

@@ -3,11 +3,13 @@
 Duties: keep the ledger's record of what this thread runs (the only record
 strays are judged by, G7); start no job fetched so long ago that it may no
 longer be ours (G18); run the jobs recovered again from dead processes one
-at a time, those recovered once beside the others (G3); hand every
-outcome to the settler, once (``Settler.finished``), which keeps it owed
-when Redis cannot take it, never to re-run (G6); survive any exception a
-job raises (G14) and any Redis outage (back off, the outage logged once per
-process, and resume: SPEC section 8).
+at a time, those recovered once beside the others (G3); drop a job whose
+deadline (``expires``) passed before its start, by the beat's view of
+Redis's clock (no round trip); hand every outcome to the settler, once
+(``Settler.finished``), which keeps it owed when Redis cannot take it,
+never to re-run (G6); survive any exception a job raises (G14) and any
+Redis outage (back off, the outage logged once per process, and resume:
+SPEC section 8).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django_cogworker import execution
+from django_cogworker import execution, expiry
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config
 from django_cogworker.connection import follow_master
@@ -26,6 +28,7 @@ from django_cogworker.errors import BadPayload, UnsupportedServer
 from django_cogworker.fetch_mode import Fetching
 from django_cogworker.ledger import Ledger
 from django_cogworker.outage import Outage
+from django_cogworker.payload import Payload
 from django_cogworker.requeue import isolated
 from django_cogworker.settle import Settler
 from django_cogworker.work import UnitOfWork
@@ -125,6 +128,11 @@ class Processor:
             payload = work.payload()
         except BadPayload:
             payload = None  # execute() files it in dead, raw kept (G13)
+        if payload is not None and expiry.FIELD in payload and self.expired(payload):
+            # Dropped unrun: neither processed nor failed.
+            unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None)
+            crew.settler.finished(self.index, work, unrun)
+            return
         try:
             outcome = execution.execute(work.raw, crew.config, queue=work.queue, payload=payload)
         except BaseException as exc:
@@ -136,6 +144,20 @@ class Processor:
             logger.exception("processing a job failed unexpectedly; filing it in dead")
             outcome = execution.dead_letter(work.raw, exc, time.time())
         crew.settler.finished(self.index, work, outcome)
+
+    def expired(self, payload: Payload) -> bool:
+        """Whether a job with a deadline starts too late: then it is
+        recorded as expired (``expiry.drop``). When Redis's time cannot be
+        told (no beat for ``CLOCK_REFRESH_S`` and ``TIME`` failing), it runs."""
+        ctx = self.crew.fetching.ctx
+        try:
+            late = expiry.expired(payload, expiry.clock.now(ctx.client))
+        except Exception as exc:
+            logger.warning("could not read Redis's time (%s); running jid=%s", exc, payload.get("jid"))
+            return False
+        if late:
+            expiry.drop(ctx.client, ctx.keys, [payload], "not started in time")
+        return late
 
     def isolated(self, work: UnitOfWork) -> bool | None:
         """G3: whether a recovered job runs isolated (recovered again, see

@@ -60,6 +60,7 @@ def job(
     unique_until: Literal["success", "start"] = ...,
     timeout: float | None = ...,
     hard_timeout: float | None = ...,
+    expires: float | None = ...,
     name: str | None = ...,
 ) -> Callable[[Callable[..., Any]], Job]: ...
 

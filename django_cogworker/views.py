@@ -129,6 +129,10 @@ def exposition(s: Scrape) -> Iterator[str]:
         yield from _family(name, "gauge", help_text)
         yield _sample(name, {}, value)
 
+    yield from _family("cogworker_expired_total", "counter", "Jobs dropped unrun past their deadline.")
+    for name in sorted(s.expired):
+        yield _sample("cogworker_expired_total", {"job": name}, s.expired[name])
+
     jobs = sorted(s.jobs.values(), key=lambda f: f.name)
     runs = "cogworker_job_runs_total"
     yield from _family(runs, "counter", "Runs of each job, by outcome.")

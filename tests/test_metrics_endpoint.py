@@ -40,6 +40,7 @@ FAMILIES = {
     "cogworker_unsettled_size": "gauge",
     "cogworker_processes": "gauge",
     "cogworker_busy_threads": "gauge",
+    "cogworker_expired": "counter",
     "cogworker_job_runs": "counter",
     "cogworker_job_duration_seconds": "histogram",
 }

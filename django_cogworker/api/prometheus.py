@@ -37,6 +37,8 @@ class Scrape:
     busy_threads: int
     #: Cumulative figures per job name (``N:metrics:totals``).
     jobs: dict[str, JobFigures]
+    #: Jobs dropped unrun past their deadline (``expires``), by job name.
+    expired: dict[str, int]
 
 
 def scrape() -> Scrape:
@@ -54,4 +56,5 @@ def scrape() -> Scrape:
         processes=len(processes),
         busy_threads=sum(p.busy for p in processes),
         jobs=job_metrics.totals().jobs,
+        expired=stats.expired_by_job,
     )

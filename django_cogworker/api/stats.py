@@ -2,13 +2,13 @@
 
 Duties: ``Stats()`` reads, in two round trips, the processed and failed
 totals (flushed by each process's heartbeat: truthful to one beat), the
-sizes of the schedule, retry, dead and unsettled sets, and of every known
-queue; ``Stats.history(days)`` the processed and failed counts of each of
-the last days (UTC); ``Stats.per_minute()`` those of each of the last 60
-minutes, in one MGET. A counter that is not a number, or a key of the
-wrong type, counts 0 and is noted (``malformed``, ``skipped``): never an
-exception (SPEC section 8). Redis errors reach the caller as
-``CogworkerError`` (``errors.redis_boundary``).
+expired total and its counts by job name, the sizes of the schedule, retry,
+dead and unsettled sets, and of every known queue; ``Stats.history(days)``
+the processed and failed counts of each of the last days (UTC);
+``Stats.per_minute()`` those of each of the last 60 minutes, in one MGET.
+A counter that is not a number, or a key of the wrong type, counts 0 and is
+noted (``malformed``, ``skipped``): never an exception (SPEC section 8).
+Redis errors reach the caller as ``CogworkerError`` (``errors.redis_boundary``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,21 @@ def _count(key: str, reply: Any, notes: list[str]) -> int:
     return int(value)
 
 
+def _counts(key: str, reply: Any, skipped: list[str]) -> dict[str, int]:
+    """A hash of counts by name (HGETALL reply); what is not one, noted and left out."""
+    if is_wrong_type(reply):
+        skipped.append(f"{key} is not a hash: its counts are not shown")
+        return {}
+    counts: dict[str, int] = {}
+    for name, raw in reply.items():
+        value, why = checked_number(raw, int)
+        if why:
+            skipped.append(f"{key}: {why}")
+        else:
+            counts[name.decode("utf-8", "replace")] = int(value)
+    return counts
+
+
 class Stats:
     """Totals (flushed by each process's heartbeat: truthful to one beat).
 
@@ -51,8 +66,10 @@ class Stats:
         pipe.zcard(k.retry)
         pipe.zcard(k.dead)
         pipe.llen(k.unsettled)
+        pipe.get(k.stat_expired)
+        pipe.hgetall(k.stat_expired_jobs)
         pipe.smembers(k.queues)
-        *replies, queues = pipe.execute(raise_on_error=False)
+        *replies, expired_jobs, queues = pipe.execute(raise_on_error=False)
         self.malformed: dict[str, str] = {}
         self.skipped: list[str] = []
         figures = [
@@ -62,6 +79,7 @@ class Stats:
             ("retry_size", k.retry, "sorted set"),
             ("dead_size", k.dead, "sorted set"),
             ("unsettled_size", k.unsettled, "list"),
+            ("expired", k.stat_expired, ""),
         ]
         values = []
         for (figure, key, kind), reply in zip(figures, replies, strict=True):
@@ -82,7 +100,10 @@ class Stats:
             self.retry_size,
             self.dead_size,
             self.unsettled_size,
+            self.expired,
         ) = values
+        #: Expired jobs (``expires``) by job name; a count that is not one is left out.
+        self.expired_by_job = _counts(k.stat_expired_jobs, expired_jobs, self.skipped)
         names = names_in(k.queues, queues, self.skipped)
         pipe = client.pipeline(transaction=False)
         for name in names:

@@ -23,7 +23,9 @@
 -- ARGV[11 .. 10+2F] = field, value pairs, then M field, value pairs of
 -- metrics (metrics.Tally.increments, see add_metrics.lua), then jid, record
 -- pairs of the running jobs.
--- Returns {registered, {signals sent to this process since the last beat...}, full},
+-- Returns {registered, {signals sent to this process since the last beat...}, full,
+-- now}, now = this beat's TIME as "<seconds>.<micros>" (the worker's view of
+-- Redis's clock, for expiring jobs),
 -- registered = 0 when the registration in KEYS[4] failed (a key of the wrong
 -- type); full = 1 when Redis was full (maxmemory reached): the beat was the
 -- minimal one, without the counters, the metrics and the running jobs'
@@ -97,4 +99,4 @@ local signals = redis.call("LRANGE", KEYS[6], 0, -1)
 if #signals > 0 then
   redis.call("DEL", KEYS[6])
 end
-return {registered, signals, full}
+return {registered, signals, full, string.format("%.6f", now)}

@@ -264,3 +264,19 @@ def stuck_in_recv(tag: object = None) -> None:
 def stuck_in_sleep_retried(tag: object = None) -> None:
     _note("runs", tag=tag)
     time.sleep(60)
+
+
+@job(expires=1)
+def expiring(tag: object = None) -> None:
+    _note("runs", tag=tag)
+
+
+@job(expires=1, unique_for=600)
+def expiring_unique(tag: object = None) -> None:
+    _note("runs", tag=tag)
+
+
+@job(expires=3, retry=5, retry_in=lambda count, exc: 30)
+def expiring_fail(message: str = "boom") -> None:
+    _note("runs", tag=message)
+    raise ValueError(message)
