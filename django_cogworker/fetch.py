@@ -84,6 +84,7 @@ class Fetcher:
         self._paused: frozenset[str] | None = None  # not read yet
         self._paused_at = 0.0
         self._idle = threading.local()
+        self._paused_lock = threading.Lock()
         self._broken_logged_at = -BROKEN_QUEUE_LOG_INTERVAL_S
 
     def active_queues(self) -> list[str]:
@@ -91,10 +92,18 @@ class Fetcher:
         now = time.monotonic()
         paused = self._paused
         if paused is None or now - self._paused_at > PAUSED_REFRESH_S:
-            # Claimed first: of the threads whose waits end together, one
-            # reads it, the others keep the set read a second ago.
-            self._paused_at = now
-            paused = self._paused = frozenset(m.decode() for m in self.client.smembers(self.keys.paused))
+            # Of the threads whose waits end together, the one that takes the
+            # lock reads it; the others keep the set read a second ago (only
+            # the very first read makes them wait for it).
+            if self._paused_lock.acquire(blocking=paused is None):
+                try:
+                    if self._paused is None or now - self._paused_at > PAUSED_REFRESH_S:
+                        self._paused = frozenset(m.decode() for m in self.client.smembers(self.keys.paused))
+                        self._paused_at = now
+                finally:
+                    self._paused_lock.release()
+            paused = self._paused
+            assert paused is not None
         specs = [q for q in self.ctx.queues if q.name not in paused]
         if not any(q.weight for q in specs):
             return [q.name for q in specs]
