@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_OPTIONS": {},
     "NAMESPACE": None,  # None: DEFAULT_NAMESPACE, or CLUSTER_NAMESPACE for a redis+cluster:// URL
     "QUEUES": [DEFAULT_QUEUE],
+    # Queue name -> at most that many of its jobs at once, across every
+    # process (SPEC section 14; limits.for_queue).
+    "QUEUE_LIMITS": {},
     "CONCURRENCY": 10,
     "FETCH": "reliable",  # a name of fetch.STRATEGIES
     # None: the CPUs, scheduling policy and niceness stay as the OS gave them
@@ -85,6 +88,8 @@ class Config:
     sentinel_options: dict[str, Any]
     namespace: str
     queues: tuple[QueueSpec, ...]
+    #: Queue name -> its concurrency limit (``QUEUE_LIMITS``); empty: none.
+    queue_limits: dict[str, int]
     concurrency: int
     fetch: str
     #: None (the OS decides), "auto", or the CPUs listed (see :mod:`django_cogworker.affinity`).
@@ -210,6 +215,7 @@ def get_config() -> Config:
         sentinel_options=redis_url.Options(values["SENTINEL_OPTIONS"]),
         namespace=str(values["NAMESPACE"]),
         queues=tuple(parse_queue(q) for q in values["QUEUES"]),
+        queue_limits=_queue_limits(values["QUEUE_LIMITS"]),
         concurrency=int(values["CONCURRENCY"]),
         fetch=str(values["FETCH"]),
         cpu_affinity=_cpu_affinity(values["CPU_AFFINITY"]),
@@ -235,6 +241,18 @@ def get_config() -> Config:
         embedded_dir=str(embedded_dir),
         metrics_token=token or None,
     )
+
+
+def _queue_limits(value: Any) -> dict[str, int]:
+    """The entries that are a queue name and a whole number >= 1; the
+    others are the system check's to report (cogworker.E034)."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        q: n
+        for q, n in value.items()
+        if isinstance(q, str) and q and isinstance(n, int) and not isinstance(n, bool) and n >= 1
+    }
 
 
 def _cpu_affinity(value: Any) -> str | tuple[int, ...] | None:

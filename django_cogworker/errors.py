@@ -85,6 +85,20 @@ class JobTimeout(BaseException):
     swallow it; the run is a failure like any other (retry, dead)."""
 
 
+class OverLimit(BaseException):
+    """Raised by ``limiter.acquire()`` in job code when the limiter is full
+    (SPEC section 14). Not a failure: the job is parked (or, for a rate,
+    waits for the window to have room) and runs again from its start, its
+    ``retry_count`` and the failed counter unchanged. A ``BaseException``,
+    so that a job's ``except Exception`` does not swallow it."""
+
+    def __init__(self, limiter: object) -> None:
+        name = getattr(limiter, "name", limiter)
+        super().__init__(f"limiter {name!r} is full; the job waits and runs again from its start")
+        #: The full limiter (a ``limits.Limiter``).
+        self.limiter = limiter
+
+
 #: Replies that mean "this is not (or no longer) the master that can take
 #: the command": a failover or a cluster resharding under way. They are an
 #: outage, like a refused connection, not a failing command.

@@ -28,7 +28,7 @@ from django_cogworker import expiry, middleware, registry, retry, timeouts
 from django_cogworker.conf import Config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import JobContext, TimedJobContext, reset_current, set_current
-from django_cogworker.errors import BadPayload, JobNotRegistered, JobTimeout
+from django_cogworker.errors import BadPayload, JobNotRegistered, JobTimeout, OverLimit
 from django_cogworker.payload import Payload, decode, encode_stored, salvage
 
 if TYPE_CHECKING:
@@ -44,11 +44,14 @@ _thread = threading.local()
 ACK = "ack"  # finished (or dropped): take it off the in-progress list
 RETRY = "retry"
 DEAD = "dead"
+#: Met a full limiter in its code (errors.OverLimit): parked, to run again
+#: from its start; neither processed nor failed.
+WAIT = "wait"
 
 
 @dataclass
 class Outcome:
-    kind: str  # ACK, RETRY or DEAD
+    kind: str  # ACK, RETRY, DEAD or WAIT
     payload: Payload | None = None  # what to file (RETRY, DEAD)
     score: float = 0.0
     #: None: the job did not run (it expired): neither processed nor failed.
@@ -59,6 +62,8 @@ class Outcome:
     #: A KeyboardInterrupt in the main thread: the caller re-raises it once
     #: it has applied the outcome.
     interrupted: BaseException | None = None
+    #: WAIT: the full limiter (a ``limits.Limiter``).
+    waits_for: Any = None
 
     def encoded(self) -> bytes:
         assert self.payload is not None
@@ -152,6 +157,9 @@ def execute(
                     payload.get("args", []),
                     payload.get("kwargs", {}),
                 )
+        except OverLimit as exc:
+            outcome = Outcome(WAIT, jid=jid, failed=None, waits_for=exc.limiter)
+            run.after(_WAITING)
         except BaseException as exc:
             # SystemExit, KeyboardInterrupt and the like, raised by the job
             # itself, are its failure too (G14): let through, they would
@@ -179,6 +187,7 @@ def execute(
 
 
 _SUCCESS = middleware.Result(middleware.SUCCESS)
+_WAITING = middleware.Result(middleware.WAITING)
 
 
 def _result(outcome: Outcome, exc: BaseException) -> middleware.Result:
@@ -227,6 +236,15 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
         "jid=%s %s %s; exhausted its retries; moved to dead", jid, failed["job"], what, exc_info=exc
     )
     return Outcome(DEAD, failed, now, failed=True, jid=jid, ran=ran)
+
+
+def limit_failed(payload: Payload, exc: Exception, config: Config) -> Outcome:
+    """The outcome of a job whose limit, computed from its arguments
+    (``@job(limit=callable)``), raised or was not a limiter: its failure,
+    like any other (retry, dead)."""
+    job = registry.get(payload["job"])
+    assert job is not None  # its limit was read from it
+    return failure(dict(payload), exc, config, job, 0.0)
 
 
 def hard_timed_out(payload: Payload, config: Config, hard_timeout_s: float, took_s: float) -> Outcome:

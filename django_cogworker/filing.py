@@ -28,15 +28,22 @@ def file_job(
     payload: bytes,
     jid: str,
     trim: bool,
-) -> bool:
+    *,
+    extra: tuple[list[str], list[Arg]] | None = None,
+) -> Any:
     """Files a failed job in retry or dead (``file.lua``), taking it off
     ``inprogress`` when given (reliable fetch: only if it is still there,
     G18), trimming the dead set to DEAD_TIMEOUT and DEAD_MAX_JOBS when
-    ``trim``. The testing helpers file through here too."""
+    ``trim``. The testing helpers file through here too. ``extra``: the
+    KEYS and ARGV that free the job's limiter slots in the same call
+    (``limits.state.release_args``); the reply is then ``file.lua``'s own."""
     bounds: list[Arg] = (
         [repr(time.time() - config.dead_timeout_s), str(config.dead_max_jobs)] if trim else ["", ""]
     )
     args: list[Arg] = [raw, repr(score), payload, "0" if inprogress is None else "1", *bounds]
     # Without a list, KEYS[1] is a name file.lua never touches (no list to take the job off).
     listed = inprogress if inprogress is not None else keys.inprogress("")
-    return bool(script("file")(client, [listed, zset, keys.orphanings(jid)], args))
+    script_keys = [listed, zset, keys.orphanings(jid)]
+    if extra is not None:
+        return script("file")(client, script_keys + extra[0], args + extra[1])
+    return bool(script("file")(client, script_keys, args))

@@ -20,6 +20,7 @@ from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.connection import get_redis
 from django_cogworker.errors import EnqueueRefused, redis_boundary
 from django_cogworker.escaping import storable
+from django_cogworker.limits.limiter import Limiter
 from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid, new_jids
 
 RetryIn = Callable[[int, BaseException], float | int | None]
@@ -56,6 +57,9 @@ class Job:
     #: Seconds after it is due that the job may still start (``expires``);
     #: ``.set(expires_in=...)`` per call.
     expires: float | None = None
+    #: A limiter (``limits.Concurrency``, ``limits.Rate``), or a callable of
+    #: the job's arguments that returns one, evaluated at each start.
+    limit: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str) or not self.queue:
@@ -77,6 +81,11 @@ class Job:
             raise TypeError(
                 f"job {self.name!r}: expires (expires_in in set()) must be a positive number of seconds "
                 f"or None, not {self.expires!r}"
+            )
+        if self.limit is not None and not (isinstance(self.limit, Limiter) or callable(self.limit)):
+            raise TypeError(
+                f"job {self.name!r}: limit must be a limits.Concurrency, a limits.Rate, or a callable of the "
+                f"job's arguments that returns one, not {self.limit!r}"
             )
         self.check_time_limits()
 
@@ -104,7 +113,7 @@ class Job:
         ``expires_in``, ...)."""
         if "expires_in" in options:
             options["expires"] = options.pop("expires_in")
-        local = {"retry_in", "on_exhausted"} & set(options)
+        local = {"retry_in", "on_exhausted", "limit"} & set(options)
         if local:
             # A payload is JSON: functions cannot travel with it, so a worker
             # always uses the registered job's own.

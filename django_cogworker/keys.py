@@ -51,10 +51,27 @@ class Keys:
         self.metrics_prefix = f"{n}:metrics:"
         self.metrics_totals = f"{n}:metrics:totals"
         self.deploy_marks = f"{n}:metrics:marks"
+        #: Every limiter seen (SPEC section 14): name -> its spec, as JSON.
+        self.limits = f"{n}:limits"
+        self.limit_prefix = f"{n}:limit:"
+        self.limit_held_prefix = f"{n}:limits:held:"
 
     def metrics_minute(self, minute: str) -> str:
         """The per-job metrics of ``minute`` (``MINUTE_FORMAT``, UTC)."""
         return self.metrics_prefix + minute
+
+    def limit(self, name: str, part: str) -> str:
+        """A limiter's key: ``holders``, ``starts``, ``queues``,
+        ``promoted`` or ``max`` (``docs/redis-layout.md``)."""
+        return f"{self.limit_prefix}{name}:{part}"
+
+    def limit_waiting(self, name: str, queue: str) -> str:
+        """The jobs of ``queue`` waiting for a slot of limiter ``name``."""
+        return f"{self.limit_prefix}{name}:waiting:{queue}"
+
+    def limit_held(self, identity: str) -> str:
+        """The slots a process holds: ``<limiter>\\0<jid>`` members (G23)."""
+        return self.limit_held_prefix + identity
 
     def queue(self, name: str) -> str:
         return self.queue_prefix + name

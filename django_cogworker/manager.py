@@ -28,6 +28,7 @@ from django_cogworker.errors import BadPayload
 from django_cogworker.fetch import FetchContext, Fetcher
 from django_cogworker.fetch_mode import Fetching
 from django_cogworker.ledger import Ledger, Pending
+from django_cogworker.limits import running
 from django_cogworker.payload import encode_stored
 from django_cogworker.process import ProcessContext
 from django_cogworker.processor import Crew, Processor
@@ -124,6 +125,8 @@ class Manager:
 
     def start(self) -> None:
         timeouts.on_stuck(self.stuck_run)
+        # What acquire() in job code needs of this process (SPEC section 14).
+        running.bind(self.client, self.keys, self.identity, self.settler.waker)
         for index in range(self.concurrency):
             self.start_processor(index)
 

@@ -48,11 +48,12 @@ SUCCESS = "success"
 RETRY = "retry"  # filed in the retry set: it runs again
 DEAD = "dead"  # exhausted: filed in the dead set
 DROPPED = "dropped"  # exhausted with ``dead=False``: gone
+WAITING = "waiting"  # met a full limiter in its code: it runs again, not a failure
 
 
 @dataclass(frozen=True)
 class Result:
-    """How a run ended: ``status`` (SUCCESS, RETRY, DEAD or DROPPED), the
+    """How a run ended: ``status`` (SUCCESS, RETRY, DEAD, DROPPED or WAITING), the
     exception of a failed run, and for a retry when it is due (epoch s)."""
 
     status: str
@@ -61,12 +62,12 @@ class Result:
 
     @property
     def failed(self) -> bool:
-        return self.status != SUCCESS
+        return self.status not in (SUCCESS, WAITING)
 
     @property
     def final(self) -> bool:
         """The job will not run again (success or a terminal failure)."""
-        return self.status != RETRY
+        return self.status not in (RETRY, WAITING)
 
 
 class ClientMiddleware:

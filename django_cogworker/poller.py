@@ -6,7 +6,8 @@ many processes polling at once never move a job twice. The period is random
 around ``POLL_INTERVAL`` times the number of live processes, so the whole
 cluster polls every ``POLL_INTERVAL`` on average. A job whose deadline
 (``expires``) has passed on Redis's clock is removed in the same call
-instead of pushed, and recorded by ``expiry.drop``.
+instead of pushed, and recorded by ``expiry.drop``. Each pass also sweeps
+the limiters (``limits.state.sweep``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django_cogworker import expiry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
+from django_cogworker.limits import state
 from django_cogworker.payload import Payload, encode_stored, parse
 from django_cogworker.process import ProcessContext
 from django_cogworker.scripts import script
@@ -82,6 +84,9 @@ class Poller:
         while True:
             try:
                 self.enqueue_due()
+                # Limiters' waiters whose wake was missed, and idle names
+                # forgotten (SPEC section 14): one HGETALL when none is used.
+                state.sweep(self.client, self.keys)
             except Exception as exc:
                 # An outage is the process's to log (once); any other error
                 # once until the poller works again, not on every pass.

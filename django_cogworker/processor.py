@@ -27,6 +27,7 @@ from django_cogworker.connection import follow_master
 from django_cogworker.errors import BadPayload, UnsupportedServer
 from django_cogworker.fetch_mode import Fetching
 from django_cogworker.ledger import Ledger
+from django_cogworker.limits import admission, running, state
 from django_cogworker.outage import Outage
 from django_cogworker.payload import Payload
 from django_cogworker.requeue import isolated
@@ -133,8 +134,12 @@ class Processor:
             unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None)
             crew.settler.finished(self.index, work, unrun)
             return
+        if payload is not None and not self.admitted(work, payload):
+            return
         try:
             outcome = execution.execute(work.raw, crew.config, queue=work.queue, payload=payload)
+            if running.code_holds:
+                work.holds += tuple(running.take_code_holds(work.jid))
         except BaseException as exc:
             # Only a bug of ours gets here (execute() catches the job's own
             # exceptions). Left in progress, the job would be requeued as a
@@ -144,6 +149,49 @@ class Processor:
             logger.exception("processing a job failed unexpectedly; filing it in dead")
             outcome = execution.dead_letter(work.raw, exc, time.time())
         crew.settler.finished(self.index, work, outcome)
+
+    def admitted(self, work: UnitOfWork, payload: Payload) -> bool:
+        """SPEC section 14: whether the job may start under its limiters (a
+        plain job has none: two lookups). Over a limit it was parked in the
+        same call, off this process's list: its run ends here, unrun."""
+        crew = self.crew
+        try:
+            limiters = admission.limiters_for(payload, work.queue, crew.config)
+        except Exception as exc:
+            # A limit computed from the arguments that failed: the job's failure.
+            crew.settler.finished(self.index, work, execution.limit_failed(payload, exc, crew.config))
+            return False
+        if not limiters:
+            return True
+        ctx = crew.fetching.ctx
+        try:
+            answer = state.admit(
+                ctx.client,
+                ctx.keys,
+                ctx.keys.inprogress(ctx.identity),
+                ctx.identity,
+                work.raw,
+                work.jid,
+                work.queue,
+                limiters,
+                listed=crew.fetching.reliable,
+            )
+        except Exception as exc:
+            if not crew.outage.failed(exc):
+                logger.error("could not admit jid=%s under its limits (%s); not starting it", work.jid, exc)
+            crew.ledger.finished(self.index, work, None)
+            crew.settler.give_back(work, held=False)
+            self.back_off()
+            return False
+        if answer.admitted:
+            work.holds = tuple(limiter for limiter in limiters if limiter.kind == "c")
+            return True
+        crew.ledger.finished(self.index, work, None)
+        if answer.ours:
+            logger.debug("jid=%s waits for limiter %s", work.jid, answer.name)
+            if answer.wait_s > 0:
+                crew.settler.waker.at(next(lim for lim in limiters if lim.name == answer.name), answer.wait_s)
+        return False
 
     def expired(self, payload: Payload) -> bool:
         """Whether a job with a deadline starts too late: then it is

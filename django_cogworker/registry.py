@@ -61,6 +61,7 @@ def job(
     timeout: float | None = ...,
     hard_timeout: float | None = ...,
     expires: float | None = ...,
+    limit: Any = ...,
     name: str | None = ...,
 ) -> Callable[[Callable[..., Any]], Job]: ...
 

@@ -11,6 +11,7 @@ shutdown (G8), by give-backs and by the stray check (G7).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,8 +20,11 @@ from typing import Any
 from django_cogworker.conf import DEFAULT_QUEUE, Config
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
+from django_cogworker.limits import state
 from django_cogworker.payload import Payload, parse
 from django_cogworker.scripts import Arg, script
+
+logger = logging.getLogger("django_cogworker")
 
 #: TTL of the periodic running lock while its job waits in a queue.
 PERIODIC_QUEUED_TTL_S = 3600
@@ -131,7 +135,10 @@ def requeue_list(
     []) if ``if_dead_for_s`` is given and the owner is alive. ``finished``
     jobs are dropped (their ack), ``keep`` ones stay on the list."""
     list_key = keys.inprogress(identity)
-    listed = client.lrange(list_key, 0, -1)
+    pipe = client.pipeline(transaction=False)
+    pipe.lrange(list_key, 0, -1)
+    pipe.smembers(keys.limit_held(identity))
+    listed, holds = pipe.execute()
     finished, keep = set(finished), set(keep)
     script_keys = [
         list_key,
@@ -140,6 +147,7 @@ def requeue_list(
         keys.repeat_orphans,
         keys.dead,
         keys.beats,
+        keys.limit_held(identity),
     ]
     args: list[Arg] = [
         identity,
@@ -149,7 +157,13 @@ def requeue_list(
         config.max_orphanings,
         "" if stall_gap_s is None else repr(stall_gap_s),
         PERIODIC_QUEUED_TTL_S,
+        len(holds),
     ]
+    # G23: the slots it holds are freed in the same call, under the same check.
+    for member in holds:
+        name, _, jid = member.partition(b"\0")
+        script_keys.append(keys.limit(name.decode("utf-8", "surrogateescape"), "holders"))
+        args += [name, jid]
     wheres = [destination(keys, raw) for raw in listed]
     spared = _spared(client, keys, config, identity, listed, wheres) if if_dead_for_s is not None else set()
     for raw, where in zip(listed, wheres, strict=True):
@@ -164,10 +178,22 @@ def requeue_list(
             flags += "l"
             script_keys.append(where.lock_key)
         args += [raw, flags, where.jid, where.mark_prefix or b""]
-    if if_dead_for_s is None and not listed:
+    if if_dead_for_s is None and not listed and not holds:
         return 0, []
     reply = script("requeue")(client, script_keys, args)
+    if holds and int(reply[0]) >= 0:
+        wake_freed(client, keys, {member.partition(b"\0")[0] for member in holds})
     return int(reply[0]), list(reply[1:])
+
+
+def wake_freed(client: Any, keys: Keys, names: set[bytes]) -> None:
+    """Waiters of the limiters whose slots a requeue freed go back on their
+    queues; a wake that fails is the sweep's (``limits.state.sweep``)."""
+    for name in sorted(names):
+        try:
+            state.wake(client, keys, name.decode("utf-8", "surrogateescape"))
+        except Exception as exc:
+            logger.warning("could not wake the waiters of limiter %r (%s); the next sweep will", name, exc)
 
 
 def _spared(

@@ -24,7 +24,11 @@ from django_cogworker import execution
 from django_cogworker.execution import Outcome
 from django_cogworker.fetch import FetchContext
 from django_cogworker.fetch_mode import Fetching
+from django_cogworker.filing import file_job
 from django_cogworker.ledger import ACK, Ack, Filing, Pending
+from django_cogworker.limits import state
+from django_cogworker.limits.limiter import Limiter
+from django_cogworker.limits.running import Waker
 from django_cogworker.outage import Outage
 from django_cogworker.payload import salvage
 from django_cogworker.requeue import requeue_list, requeue_one
@@ -41,8 +45,15 @@ STRAY_MIN_AGE_S = 2.0
 
 
 class Settler:
-    def __init__(self, ctx: FetchContext, fetching: Fetching, outage: Outage) -> None:
+    def __init__(
+        self, ctx: FetchContext, fetching: Fetching, outage: Outage, waker: Waker | None = None
+    ) -> None:
         self.ctx = ctx
+        #: Wakes limiters' waiters that a release made room for on other queues.
+        self.waker = waker or Waker(ctx.client, ctx.keys, ctx.quiet)
+        #: Jobs holding limiter slots whose settlement is owed: settled with
+        #: their release, later (G6).
+        self.unreleased: dict[bytes, UnitOfWork] = {}
         self.fetching = fetching
         self.outage = outage
         self.ledger = ctx.ledger
@@ -62,8 +73,12 @@ class Settler:
         # A recovered job is acknowledged at once, with its orphan counter:
         # left owed, a kill before the next fetch would count it as orphaned
         # again though it had finished (G19).
-        if outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered:
+        # A job holding a limiter's slot too: its release rides the call
+        # that settles it, now (SPEC section 14).
+        if outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered and not work.holds:
             self.acks.owe(work, outcome.jid)
+        elif outcome.kind == execution.WAIT:
+            self.wait(work, outcome.waits_for)
         else:
             self.settle(work, outcome)
         self.ledger.finished(index, work, outcome.failed, outcome.ran)
@@ -85,6 +100,36 @@ class Settler:
                     "could not settle jid=%s yet (%s: %s); will retry", outcome.jid, type(exc).__name__, exc
                 )
             self.ledger.owe(work.raw, how)
+            if work.holds:
+                self.unreleased[work.raw] = work
+
+    def wait(self, work: UnitOfWork, limiter: Limiter) -> None:
+        """A job whose code met a full limiter (``acquire()``): its slots
+        freed, it is parked to run again from its start. Left on our list
+        when Redis cannot take it: the stray check requeues it (G7)."""
+        ctx = self.ctx
+        try:
+            if work.holds:
+                state.release(ctx.client, ctx.keys, ctx.identity, work.jid, work.queue, work.holds)
+            wait_s = state.park(
+                ctx.client,
+                ctx.keys,
+                self.inprogress,
+                work.raw,
+                work.jid,
+                work.queue,
+                limiter,
+                self.fetching.reliable,
+            )
+        except Exception as exc:
+            if not self.outage.failed(exc):
+                logger.error(
+                    "could not park jid=%s for limiter %s (%s); it is requeued", work.jid, limiter.name, exc
+                )
+            return
+        logger.debug("jid=%s waits for limiter %s", work.jid, limiter.name)
+        if wait_s:
+            self.waker.at(limiter, wait_s)
 
     def flush_acks(self) -> None:
         """Sends now the acks no fetch of a stopping thread will carry; one
@@ -98,15 +143,54 @@ class Settler:
                 logger.error("could not acknowledge finished jobs yet (%s); will retry", exc)
 
     def apply(self, work: UnitOfWork, how: Pending) -> None:
+        if work.holds:
+            self.apply_releasing(work, how)
+            return
         fetcher = self.fetching.current()
         if isinstance(how, Ack):
             fetcher.ack(work, work.jid)
         else:
             fetcher.file(work, how.zset, how.score, how.payload, how.jid, how.trim)
 
-    def give_back(self, work: UnitOfWork) -> None:
-        """A fetched job that will not run here goes back to its queue."""
-        self.ledger.unhold(work)
+    def apply_releasing(self, work: UnitOfWork, how: Pending) -> None:
+        """Settles a job holding limiter slots and frees them in the same
+        call (``ack.lua``/``file.lua`` with ``release_slots``); only where
+        this process still holds them (G18). Under basic fetch there is no
+        list for those calls to take the job off: released on its own."""
+        ctx, jid = self.ctx, work.jid
+        if not self.fetching.reliable:
+            elsewhere = state.release(ctx.client, ctx.keys, ctx.identity, jid, work.queue, work.holds)
+            if isinstance(how, Filing):
+                self.fetching.current().file(work, how.zset, how.score, how.payload, how.jid, how.trim)
+        else:
+            extra = state.release_args(ctx.keys, ctx.identity, jid, work.queue, work.holds)
+            if isinstance(how, Ack):
+                keys = [self.inprogress, ctx.keys.orphanings(jid), *extra[0]]
+                reply = script("ack")(ctx.client, keys, [work.raw, *extra[1]])
+            else:
+                reply = file_job(
+                    ctx.client,
+                    ctx.keys,
+                    ctx.config,
+                    self.inprogress,
+                    work.raw,
+                    how.zset,
+                    how.score,
+                    how.payload,
+                    how.jid,
+                    how.trim,
+                    extra=extra,
+                )
+            elsewhere = int(reply[1]) if isinstance(reply, list) else 0
+        self.unreleased.pop(work.raw, None)
+        for limiter in work.holds if elsewhere else ():
+            self.waker.now(limiter)
+
+    def give_back(self, work: UnitOfWork, *, held: bool = True) -> None:
+        """A fetched job that will not run here goes back to its queue
+        (``held``: not started, so still counted as held in the ledger)."""
+        if held:
+            self.ledger.unhold(work)
         try:
             self.fetching.current().give_back(work)
         except Exception:
@@ -115,7 +199,7 @@ class Settler:
 
     def settle_owed(self, raw: bytes, how: Pending) -> None:
         try:
-            self.apply(UnitOfWork("", raw), how)
+            self.apply(self.unreleased.get(raw) or UnitOfWork("", raw), how)
         except Exception as exc:
             if not self.outage.failed(exc):
                 logger.error("still could not settle jid=%s: %s", salvage(raw).get("jid"), exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django_cogworker.errors import BadPayload
+from django_cogworker.limits.limiter import Limiter
 from django_cogworker.payload import Payload, decode
 
 
@@ -24,6 +25,9 @@ class UnitOfWork:
     #: its reply was read: a process stopped with the fetch in flight reads
     #: it only when it resumes.
     fetched_at: float = 0.0
+    #: The concurrency limiters whose slots it holds (SPEC section 14): taken
+    #: at its start or in its code, freed in the call that settles it.
+    holds: tuple[Limiter, ...] = ()
     _payload: Payload | BadPayload | None = field(default=None, repr=False)
 
     def payload(self) -> Payload:

@@ -1,7 +1,8 @@
 """Checks of what a worker fetches and how: ``QUEUES`` (E013, E014, the rule
 itself in :func:`django_cogworker.conf.queue_list_problems`), ``FETCH``
 (E015, the names of :data:`django_cogworker.fetch.STRATEGIES`),
-``ENQUEUE_ON_COMMIT`` and ``FAST_PATH`` (E016) and ``CPU_AFFINITY`` (E028);
+``ENQUEUE_ON_COMMIT`` and ``FAST_PATH`` (E016), ``CPU_AFFINITY`` (E028)
+and ``QUEUE_LIMITS`` (E034);
 and the one warning (W001): a job or periodic entry whose queue ``QUEUES``
 does not list, whose jobs a worker started without ``-q`` would never fetch."""
 
@@ -95,7 +96,25 @@ def check_queues_and_modes(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E028",
             )
         )
+    errors += check_queue_limits(values.get("QUEUE_LIMITS", {}))
     return errors
+
+
+def check_queue_limits(value: Any) -> list[CheckMessage]:
+    """E034: ``QUEUE_LIMITS`` maps queue names to whole numbers >= 1."""
+    hint = "For example {'reports': 1}: at most one job of the queue 'reports' at once, across every worker."
+    if not isinstance(value, dict):
+        return [error(f"COGWORKER['QUEUE_LIMITS'] must be a dict, got {value!r}.", hint, "cogworker.E034")]
+    return [
+        error(
+            f"COGWORKER['QUEUE_LIMITS'][{queue!r}] = {n!r}: the key must be a queue's name and the value a "
+            "whole number >= 1.",
+            hint,
+            "cogworker.E034",
+        )
+        for queue, n in value.items()
+        if not (isinstance(queue, str) and queue and is_whole(n, 1))
+    ]
 
 
 def cpu_affinity_valid(value: Any) -> bool:

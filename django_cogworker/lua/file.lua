@@ -1,13 +1,17 @@
+--! include limits.lua
 -- File a failed job in a sorted set (retry or dead) and take it off the
 -- in-progress list, in one step.
 -- KEYS[1] = in-progress list, KEYS[2] = retry or dead ZSET,
--- KEYS[3] = the job's orphan counter.
+-- KEYS[3] = the job's orphan counter; for a job holding limiter slots,
+-- KEYS[4..] and ARGV[7..] as release_slots() in lib/limits.lua reads them
+-- (its slots are freed in the same step as the filing).
 -- ARGV[1] = the job as fetched, ARGV[2] = score (epoch s), ARGV[3] = payload
 -- to file, ARGV[4] = "1" to require the job to be on the list (reliable
 -- fetch) or "0" (basic fetch: there is no list), ARGV[5] = trim: drop
 -- entries scored below this ("" = no trim), ARGV[6] = trim: keep at most
 -- this many ("" = no limit).
--- Returns 1, or 0 when the job is no longer in progress (a shutdown or a
+-- Returns 1 ({1, as ack.lua} with slots), or 0 when the job is no longer
+-- in progress (a shutdown or a
 -- recovery already put it back: filing it too would run it twice).
 if ARGV[4] == "1" and not redis.call("LPOS", KEYS[1], ARGV[1]) then
   return 0
@@ -28,5 +32,8 @@ if ARGV[5] ~= "" then
 end
 if ARGV[6] ~= "" then
   redis.call("ZREMRANGEBYRANK", KEYS[2], 0, -(tonumber(ARGV[6]) + 1))
+end
+if #KEYS > 3 then
+  return {1, release_slots(4, 7)}
 end
 return 1

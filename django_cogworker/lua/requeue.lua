@@ -1,5 +1,6 @@
 --! include requeue_job.lua
 --! include full_redis.lua
+--! include limits.lua
 -- Put the jobs of an in-progress list back on their queues: a presumed-dead
 -- process's list (orphan recovery), or this process's own on shutdown. The
 -- caller read the list and the payloads (requeue.py) and passes every key
@@ -9,7 +10,9 @@
 -- KEYS[1] = the in-progress list, KEYS[2] = its owner's presence key,
 -- KEYS[3] = last_beat hash, KEYS[4] = repeat_orphans list, KEYS[5] = dead
 -- ZSET, KEYS[6] = the beats hash (heartbeat.lua: "last" beat of any
--- process, "since": when beats last resumed after a silence); then, per job
+-- process, "since": when beats last resumed after a silence); KEYS[7] = the
+-- owner's holds set (G23), then the holders hash of each slot it holds, in
+-- the order of ARGV; then, per job
 -- in the order of ARGV, its queue, then its orphan counter if it has one
 -- ("c" in its flags), then its periodic running lock if it holds one ("l").
 -- ARGV[1] = owner identity; ARGV[2] = orphan threshold (s), or "" to
@@ -17,7 +20,8 @@
 -- clock (epoch s), used only if TIME is refused; ARGV[4] = the counters'
 -- TTL (s); ARGV[5] = MAX_ORPHANINGS; ARGV[6] = the longest silence of all
 -- beats (s) not taken for a Redis stall (HEARTBEAT_TTL), or ""; ARGV[7] =
--- the periodic lock TTL (s); then four per job: the job as on the list,
+-- the periodic lock TTL (s); ARGV[8] = how many slots the owner holds, then
+-- two per slot: the limiter's name and the jid; then four per job: the job as on the list,
 -- its flags ("d": finished, dropped, which is its ack; "k": kept, the
 -- caller hands it to unsettled next; "s": spared, a recovered job the dead
 -- process held but had not started, whose orphanings are not counted
@@ -67,9 +71,16 @@ if orphans then
 end
 
 writable_when_full(KEYS[1])
+-- G23: the slots the owner holds are freed here, under the same check as
+-- its jobs' requeue, never by a TTL; only where it still holds them (a
+-- slot it released, or one another process took since, stays as it is).
+local slots = tonumber(ARGV[8])
+for s = 1, slots do
+  release_slot(KEYS[7 + s], KEYS[7], ARGV[7 + 2 * s], ARGV[8 + 2 * s], ARGV[1])
+end
 local moved = 0
 local buried = {}
-local key = 7
+local key = 8 + slots
 -- The jobs in the order the caller read them, from the list's left end
 -- (fetch pushes onto the left, so newest first): each is RPUSHed onto the
 -- end its queue is popped from, so the last written, the oldest, runs
@@ -77,7 +88,7 @@ local key = 7
 -- list (G5): Redis keeps the writes a failing script made before the
 -- error. A job whose requeue fails (its queue key of the wrong type)
 -- rotates to the other end of the list, where the next pass tries it again.
-for i = 8, #ARGV, 4 do
+for i = 9 + 2 * slots, #ARGV, 4 do
   local job, flags, jid, marked = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local queue_key = KEYS[key]
   key = key + 1

@@ -280,3 +280,5 @@ def expiring_unique(tag: object = None) -> None:
 def expiring_fail(message: str = "boom") -> None:
     _note("runs", tag=message)
     raise ValueError(message)
+
+from testproject.testapp import limited_jobs as limited_jobs  # noqa: E402,F401  (registers them)
