@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django_cogworker import execution, expiry
+from django_cogworker import execution, expiry, registry
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config
 from django_cogworker.connection import follow_master
@@ -134,7 +134,11 @@ class Processor:
             unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None)
             crew.settler.finished(self.index, work, unrun)
             return
-        if payload is not None and not self.admitted(work, payload):
+        if (
+            payload is not None
+            and (registry.limited or crew.config.queue_limits)
+            and not self.admitted(work, payload)
+        ):
             return
         try:
             outcome = execution.execute(work.raw, crew.config, queue=work.queue, payload=payload)

@@ -37,11 +37,20 @@ _explainers: list[Explainer] = []
 _modules: dict[str, Callable[[], bool] | None] = {"jobs": None}
 
 
+#: The names of the registered jobs with a ``limit``: while it is empty (and
+#: ``QUEUE_LIMITS`` too), a worker looks at no job's limiters.
+limited: set[str] = set()
+
+
 def register(job: Job) -> None:
     existing = _jobs.get(job.name)
     if existing is not None and existing.func is not job.func:
         logger.warning("job name %r registered twice; the later definition wins", job.name)
     _jobs[job.name] = job
+    if job.limit is not None:
+        limited.add(job.name)
+    else:
+        limited.discard(job.name)
 
 
 @overload
