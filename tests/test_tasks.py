@@ -528,6 +528,17 @@ def test_time_options_are_validated_like_jobs_and_written_as_job_writes_them(cog
     assert json.loads(entry)["expires_at"] == pytest.approx(at + 1, abs=0.2)
 
 
+def test_aenqueue_writes_the_time_options_too(cog):
+    async def enqueue() -> None:
+        await tasks.expiring.using(timeout=4).aenqueue("async")
+        await tasks.record.using(hard_timeout=9).aenqueue("async, no deadline")
+
+    asyncio.run(enqueue())
+    expiring, timed = queued_payloads(cog)
+    assert expiring["timeout"] == 4 and redis_now(cog) < expiring["expires_at"] <= redis_now(cog) + 1.1
+    assert timed["hard_timeout"] == 9 and "expires_at" not in timed
+
+
 def test_task_decorator_time_options_where_the_framework_passes_extra_options(cog):
     accepts = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(task).parameters.values())
     if not accepts:  # django.tasks 6.0: @time_limits below @task instead
