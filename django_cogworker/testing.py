@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,8 @@ from django_cogworker.errors import BadPayload
 from django_cogworker.filing import file_job
 from django_cogworker.payload import Payload, decode
 from django_cogworker.poller import move_due
+
+logger = logging.getLogger("django_cogworker")
 
 
 class InlineResult:
@@ -104,7 +107,8 @@ def _expired(payload: Payload) -> bool:
     redis_client = get_redis()
     try:
         late = expiry.expired(payload, expiry.clock.now(redis_client))
-    except Exception:
+    except Exception as exc:
+        logger.warning("could not read Redis's time (%s); running jid=%s", exc, payload.get("jid"))
         return False
     if late:
         expiry.drop(redis_client, get_keys(), [payload], "not started in time")

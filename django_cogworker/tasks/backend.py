@@ -1,16 +1,16 @@
 """``CogworkerBackend``: Django's Tasks API on cogworker (its ``task_class``,
 ``CogworkerTask``, is in ``task.py``).
 
-Duties: validate a task (cogworker's options included) and register it with the worker registry (Django
-validates every ``Task`` as it is made, so importing a module of ``@task``
-functions registers them); enqueue a task as a cogworker payload plus its
-result record in one MULTI (``run_after`` to the schedule set, priority to a
-queue of ``PRIORITY_QUEUES``, the time options written as ``@job`` writes
-them), after commit when ``ENQUEUE_ON_COMMIT`` asks,
-through the client's write path (:func:`django_cogworker.client.push`: the
-same queue registration and errors as ``.delay()``); read results back
-(``redis.asyncio`` for the async twins); report bad settings as system
-checks.
+Duties: validate a task, cogworker's options included, and register it with
+the worker registry (Django validates every ``Task`` as it is made, so
+importing a module of ``@task`` functions registers them); enqueue a task
+as a cogworker payload plus its result record in one MULTI (``run_after`` to
+the schedule set, priority to a queue of ``PRIORITY_QUEUES``, the time
+options written as ``@job`` writes them), after commit when
+``ENQUEUE_ON_COMMIT`` asks, through the client's write path
+(:func:`django_cogworker.client.push`: the same queue registration and
+errors as ``.delay()``); read results back (``redis.asyncio`` for the async
+twins); report bad settings as system checks.
 """
 
 from __future__ import annotations
