@@ -6,21 +6,30 @@ and raises nothing; failures are handled like a worker would, minus Redis.
 
 ``drain()``: runs every job waiting in the queues, in this process, through
 the real retry/dead logic, against the configured Redis.
+
+Both drop a job whose ``expires`` deadline has passed as a worker does
+(``expiry.drop``: counted, logged, its unique lock released) instead of
+running it; ``drain(include_scheduled=True)`` moves due entries with the
+poller's script, which drops the expired ones itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
-from django_cogworker import client, execution
+from django_cogworker import client, execution, expiry
 from django_cogworker.conf import Config, get_config
 from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.errors import BadPayload
 from django_cogworker.filing import file_job
-from django_cogworker.payload import Payload
+from django_cogworker.payload import Payload, decode
 from django_cogworker.poller import move_due
+
+logger = logging.getLogger("django_cogworker")
 
 
 class InlineResult:
@@ -36,6 +45,10 @@ def inline() -> Iterator[InlineResult]:
     previous = client.inline_runner
 
     def run(payload: Payload) -> None:
+        if _expired(payload):
+            # Dropped unrun: neither processed nor failed.
+            result.outcomes.append(execution.Outcome(execution.ACK, jid=str(payload.get("jid")), failed=None))
+            return
         raw = json.dumps(payload).encode()
         outcome = execution.execute(raw, get_config(), close_connections=False)
         result.outcomes.append(outcome)
@@ -50,7 +63,8 @@ def inline() -> Iterator[InlineResult]:
 
 
 def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, max_jobs: int = 10_000) -> int:
-    """Runs queued jobs until the queues are empty; returns how many ran.
+    """Runs queued jobs until the queues are empty; returns how many ran
+    (a job dropped past its ``expires`` deadline did not run).
 
     Failures are filed in the retry or dead set as a worker would file them
     (retries are not run again unless ``include_scheduled`` moves due ones).
@@ -68,7 +82,13 @@ def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, m
         got = redis_client.rpop(k.queue(names[0])) if len(names) == 1 else _pop_any(redis_client, k, names)
         if got is None:
             return ran
-        outcome = execution.execute(got, config, close_connections=False)
+        try:
+            payload: Payload | None = decode(got)
+        except BadPayload:
+            payload = None  # execute() files it in dead, raw kept (G13)
+        if payload is not None and _expired(payload):
+            continue
+        outcome = execution.execute(got, config, close_connections=False, payload=payload)
         ran += 1
         _apply(redis_client, k, outcome, config)
         if outcome.interrupted is not None:
@@ -76,6 +96,23 @@ def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, m
             # should, and loses no job.
             raise outcome.interrupted
     return ran
+
+
+def _expired(payload: Payload) -> bool:
+    """Whether a job starts past its deadline: then it is dropped as a
+    worker drops it (``expiry.drop``). When Redis's time cannot be read, it
+    runs, as on a worker."""
+    if expiry.FIELD not in payload:
+        return False
+    redis_client = get_redis()
+    try:
+        late = expiry.expired(payload, expiry.clock.now(redis_client))
+    except Exception as exc:
+        logger.warning("could not read Redis's time (%s); running jid=%s", exc, payload.get("jid"))
+        return False
+    if late:
+        expiry.drop(redis_client, get_keys(), [payload], "not started in time")
+    return late
 
 
 def _pop_any(redis_client: Any, k: Any, names: list[str]) -> bytes | None:

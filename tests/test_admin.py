@@ -543,6 +543,33 @@ def test_dashboard_totals_and_history_chart(cog, superclient):
     assert 'id="cog-refresh-toggle"' in body
 
 
+def test_dashboard_shows_the_expired_total_beside_processed_and_failed_when_any(cog, superclient):
+    body = text(superclient.get(BASE + "dashboard/"))
+    assert "Expired" not in body, "no card while no job has expired"
+    cog.redis.set(cog.key("stat:expired"), 1234)
+    body = text(superclient.get(BASE + "dashboard/"))
+    assert "<strong>1,234</strong>Expired" in body
+    cards = body.split('class="cog-cards"', 1)[1]
+    assert cards.index("Processed") < cards.index("Failed") < cards.index("Expired") < cards.index("Busy")
+
+
+@pytest.mark.parametrize("garbage", ["text", "hash", "huge"])
+def test_dashboard_with_a_malformed_expired_total_answers_and_says_so(cog, superclient, garbage):
+    key = cog.key("stat:expired")
+    if garbage == "text":
+        cog.redis.set(key, "not a number")
+    elif garbage == "hash":
+        cog.redis.hset(key, "x", 1)
+    else:
+        cog.redis.set(key, "9" * 400)
+    cog.redis.set(cog.key("stat:expired:jobs"), "not a hash")
+    response = superclient.get(BASE + "dashboard/")
+    assert response.status_code == 200
+    body = text(response)
+    assert "<strong>?</strong>Expired" in body and "malformed" in body
+    assert "<strong>0</strong>Processed" in body
+
+
 def test_busy_shows_processes_and_running_jobs_and_signals_them(cog, superclient):
     worker = cog.start_worker()
     identity = worker.identity()

@@ -24,9 +24,9 @@ from django.utils import timezone
 
 from django_cogworker import api, registry, testing
 from django_cogworker.connection import get_keys
-from django_cogworker.errors import ConfigurationError
+from django_cogworker.errors import ConfigurationError, JobTimeout
 from django_cogworker.payload import encode
-from django_cogworker.tasks import backend_configured, retry_options
+from django_cogworker.tasks import backend_configured, retry_options, runner, time_limits
 from django_cogworker.tasks.backend import CogworkerBackend, CogworkerTask, TaskNotRegistered
 from django_cogworker.tasks.compat import (
     FRAMEWORK,
@@ -36,7 +36,8 @@ from django_cogworker.tasks.compat import (
     task_backends,
 )
 from django_cogworker.tasks.options import PENDING_RESULT_TTL_S
-from testproject.testapp import tasks
+from django_cogworker.tasks.timing import TIME_OPTIONS
+from testproject.testapp import jobs, tasks
 from tests.conftest import wait_for
 from tests.test_worker_logs import LINE, bare_project
 from tests.test_worker_logs import stop as stop_worker
@@ -478,6 +479,136 @@ def test_task_decorator_retry_where_the_framework_passes_extra_options(cog):
     made.enqueue()
     assert json.loads(cog.redis.lindex(cog.key("queue:default"), 0))["retry"] == 3
     assert registry.get(f"tasks:{made.module_path}").retry_in(0, ValueError()) == 0.1
+
+
+def queued_payloads(cog: Any) -> list[dict[str, Any]]:
+    """The default queue's payloads, oldest first."""
+    return [json.loads(p) for p in reversed(cog.redis.lrange(cog.key("queue:default"), 0, -1))]
+
+
+def redis_now(cog: Any) -> float:
+    seconds, micros = cog.redis.time()
+    return seconds + micros / 1_000_000
+
+
+def plain_function_timed() -> None:
+    """Made a task with @task(timeout=...) inside a test."""
+
+
+def test_time_options_are_validated_like_jobs_and_written_as_job_writes_them(cog):
+    # What @job refuses (it takes an infinite timeout, not an infinite expires).
+    refused = [(option, v) for option in TIME_OPTIONS for v in (0, -1, True, "5")]
+    for option, bad in [*refused, ("expires", float("nan")), ("expires", float("inf"))]:
+        with pytest.raises(InvalidTask, match=f"{option} must be a positive number of seconds or None"):
+            tasks.record.using(**{option: bad})
+        with pytest.raises(TypeError, match=f"time_limits: {option} must be a positive number"):
+            time_limits(**{option: bad})
+    with pytest.raises(
+        InvalidTask, match=re.escape("hard_timeout (2s) must not be shorter than timeout (5s)")
+    ):
+        tasks.record.using(timeout=5, hard_timeout=2)
+    with pytest.raises(TypeError, match="time_limits goes below @task"):
+        time_limits(timeout=1)(tasks.record)
+    assert list(cog.redis.scan_iter(match=cog.key("*"))) == []
+
+    tasks.record.enqueue("plain")
+    tasks.record.using(timeout=5, hard_timeout=10, expires=30).enqueue("timed")
+    jobs.record.set(timeout=5, hard_timeout=10, expires_in=30).delay("timed")
+    tasks.expiring.using(expires=60, timeout=2).enqueue("both")  # .using() over @time_limits
+    plain, timed, as_job, both = queued_payloads(cog)
+    assert not {"timeout", "hard_timeout", "expires_at"} & set(plain)
+    assert (timed["timeout"], timed["hard_timeout"]) == (as_job["timeout"], as_job["hard_timeout"]) == (5, 10)
+    assert abs(timed["expires_at"] - as_job["expires_at"]) < 1
+    assert redis_now(cog) + 25 < timed["expires_at"] <= redis_now(cog) + 30.1
+    assert both["timeout"] == 2 and both["expires_at"] > redis_now(cog) + 55
+    # Counted from run_after, as expires counts from a job's delay_at() time.
+    later = tasks.expiring.using(run_after=timezone.now() + timedelta(seconds=100)).enqueue("later")
+    [(entry, at)] = cog.redis.zrange(cog.key("schedule"), 0, -1, withscores=True)
+    assert json.loads(entry)["jid"] == later.id
+    assert json.loads(entry)["expires_at"] == pytest.approx(at + 1, abs=0.2)
+
+
+def test_aenqueue_writes_the_time_options_too(cog):
+    async def enqueue() -> None:
+        await tasks.expiring.using(timeout=4).aenqueue("async")
+        await tasks.record.using(hard_timeout=9).aenqueue("async, no deadline")
+
+    asyncio.run(enqueue())
+    expiring, timed = queued_payloads(cog)
+    assert expiring["timeout"] == 4 and redis_now(cog) < expiring["expires_at"] <= redis_now(cog) + 1.1
+    assert timed["hard_timeout"] == 9 and "expires_at" not in timed
+
+
+def test_task_decorator_time_options_where_the_framework_passes_extra_options(cog):
+    accepts = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(task).parameters.values())
+    if not accepts:  # django.tasks 6.0: @time_limits below @task instead
+        with pytest.raises(TypeError, match="timeout"):
+            task(timeout=3)(plain_function_timed)
+        return
+    with pytest.raises(InvalidTask, match="timeout must be a positive number"):
+        task(timeout=-3)(plain_function_timed)
+    made = task(timeout=3, hard_timeout=4, expires=50)(plain_function_timed)
+    made.enqueue()
+    [payload] = queued_payloads(cog)
+    assert (payload["timeout"], payload["hard_timeout"]) == (3, 4) and "expires_at" in payload
+
+
+def test_expires_a_task_queued_past_its_deadline_is_not_run_and_is_counted(cog):
+    late = tasks.expiring.enqueue("late")
+    [payload] = queued_payloads(cog)
+    wait_for(lambda: redis_now(cog) > payload["expires_at"] + 0.05, 30, "Redis's clock past the deadline")
+    marker = tasks.record.enqueue("marker")
+    cog.start_worker()
+    wait_for(lambda: status_of(marker.id) == "SUCCESSFUL", 30, "the marker task to run")
+    wait_for(lambda: cog.redis.get(cog.key("stat:expired")) == b"1", 10, "the expired count")
+    assert [n["tag"] for n in cog.notes()] == ["marker"]
+    by_job = cog.redis.hgetall(cog.key("stat:expired:jobs"))
+    assert by_job == {f"tasks:{tasks.expiring.module_path}".encode(): b"1"}
+    assert cog.redis.zcard(cog.key("dead")) == cog.redis.zcard(cog.key("retry")) == 0
+    assert held_in_lists(cog) == {}
+    assert status_of(late.id) == "READY", "never run: Django has no status for that"
+
+
+def test_timeout_a_busy_task_is_stopped_and_filed_with_jobtimeout(cog):
+    result = tasks.busy_past_timeout.enqueue("spin")
+    cog.start_worker()
+    wait_for(lambda: status_of(result.id) == "FAILED", 20, "the task to time out")
+    (dead,) = dead_entries(cog)
+    assert (dead["jid"], dead["error_class"]) == (result.id, "django_cogworker.errors.JobTimeout")
+    assert "timeout of 1s" in dead["error_message"]
+    result.refresh()
+    assert [e.exception_class_path for e in result.errors] == ["django_cogworker.errors.JobTimeout"]
+    [remaining] = cog.notes("remaining")  # current_job().remaining() counts down to it
+    assert remaining["tag"] == "spin" and 0 < remaining["later"] < remaining["first"] <= 1
+    assert cog.notes("overran") == cog.notes("swallowed") == [], "it never got out of its loop"
+    # The thread survived: the worker runs the next task.
+    after = tasks.add.enqueue(1, 2)
+    wait_for(lambda: status_of(after.id) == "SUCCESSFUL", 20, "the next task")
+
+
+@pytest.mark.django_db
+def test_timeout_landing_in_the_record_write_after_the_task_returned_does_not_fail_it(cog, monkeypatch):
+    """The timeout is armed around the whole job, the runner's writes
+    included: one that runs out as the task returns lands in them (here:
+    made to, once). The run still succeeds, and is not retried (run twice)."""
+    real, landed = runner._save_quietly, []
+
+    def lands_once(*args: Any, **kwargs: Any) -> None:
+        if not landed:
+            landed.append(True)
+            raise JobTimeout()
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_save_quietly", lands_once)
+    result = tasks.add.using(timeout=30).enqueue(2, 5)
+    assert testing.drain() == 1
+    assert landed == [True]
+    done = default_task_backend.get_result(result.id)
+    assert (done.status, done.return_value, done.errors) == (TaskResultStatus.SUCCESSFUL, 7, [])
+    assert cog.redis.zcard(cog.key("retry")) == cog.redis.zcard(cog.key("dead")) == 0
+    assert [n["tag"] for n in cog.notes()] == ["add"]
+    finished = [s["status"] for s in cog.notes("signals") if s["signal"] == "task_finished"]
+    assert finished == ["SUCCESSFUL"]
 
 
 def test_a_return_value_json_cannot_carry_fails_without_a_retry(cog):

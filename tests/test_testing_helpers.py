@@ -257,3 +257,44 @@ def test_helpers_leave_the_tests_database_connection_alone(
     assert [o.kind for o in result.outcomes] == [execution.ACK]
     assert closed == []
     assert sorted(JobResult.objects.values_list("detail", flat=True)) == ["", "1 + 2 = 3", "3 + 4 = 7"]
+
+
+# -- expires (SPEC section 14) ----------------------------------------------------------
+
+
+def redis_now(cog: Any) -> float:
+    seconds, micros = cog.redis.time()
+    return seconds + micros / 1_000_000
+
+
+def test_drain_drops_a_queued_job_past_its_deadline_as_a_worker_does(cog, caplog):
+    late = jobs.expiring_unique.delay("late")
+    [raw] = cog.redis.lrange(cog.key("queue:default"), 0, -1)
+    payload = json.loads(raw)
+    lock = cog.key(f"unique:{payload['unique_digest']}")
+    assert cog.redis.get(lock) == late.encode()
+    wait_for(lambda: redis_now(cog) > payload["expires_at"] + 0.05, 30, "Redis's clock past the deadline")
+    fresh = jobs.expiring.set(expires_in=60).delay("fresh")
+    with caplog.at_level("INFO", logger="django_cogworker"):
+        assert testing.drain() == 1, "the expired job is not counted as run"
+    assert [(n["tag"], n["jid"]) for n in cog.notes()] == [("fresh", fresh)]
+    assert cog.redis.llen(cog.key("queue:default")) == 0
+    assert int(cog.redis.get(cog.key("stat:expired"))) == 1
+    by_job = cog.redis.hgetall(cog.key("stat:expired:jobs"))
+    assert by_job == {b"testproject.testapp.jobs.expiring_unique": b"1"}
+    assert cog.redis.get(lock) is None, "its unique lock released"
+    assert cog.redis.zcard(cog.key("dead")) == cog.redis.zcard(cog.key("retry")) == 0
+    assert f"jid={late} testproject.testapp.jobs.expiring_unique expired" in caplog.text
+
+
+def test_inline_drops_a_job_whose_deadline_passed_before_it_was_due(cog):
+    with testing.inline() as result:
+        # Due 10 s ago, with 1 s to start: past its deadline when enqueued.
+        late = jobs.expiring.delay_at(time.time() - 10, "late")
+        on_time = jobs.expiring.delay("on time")
+    assert [(o.kind, o.jid, o.failed) for o in result.outcomes] == [
+        (execution.ACK, late, None),
+        (execution.ACK, on_time, False),
+    ]
+    assert [n["tag"] for n in cog.notes()] == ["on time"]
+    assert int(cog.redis.get(cog.key("stat:expired"))) == 1

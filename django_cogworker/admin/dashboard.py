@@ -1,7 +1,8 @@
-"""The dashboard tab: processed/failed charts (per minute over the last
-hour, per day over the chosen range), the sizes and latency of the largest
-queues, live processes (SPEC section 7); a note when Redis is full (section
-8). Read only."""
+"""The dashboard tab: the processed and failed totals, and the expired one
+once a job has expired (SPEC section 14); processed/failed charts (per
+minute over the last hour, per day over the chosen range), the sizes and
+latency of the largest queues, live processes (SPEC section 7); a note when
+Redis is full (section 8). Read only."""
 
 from __future__ import annotations
 

@@ -20,9 +20,11 @@ every process that uses this backend (a worker's included) before its
 apps' modules are imported.
 
 Modules: ``compat`` (which framework), ``options`` (``OPTIONS`` and their
-checks), ``records`` (the result record in Redis), ``backend`` (the backend
-and ``CogworkerTask``), ``runner`` (registration, and what a worker runs),
-``names`` (a task's job name, and the error of one no worker knows).
+checks, ``@retry_options``), ``timing`` (``expires``, ``timeout`` and
+``hard_timeout`` of a task, ``@time_limits``), ``records`` (the result
+record in Redis), ``task`` (``CogworkerTask``), ``backend`` (the
+backend), ``runner`` (registration, and what a worker runs), ``names`` (a
+task's job name, and the error of one no worker knows).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from django_cogworker import registry
 from django_cogworker.tasks.names import TASK_JOB_PREFIX, explain_unknown, not_registered_message
 from django_cogworker.tasks.options import retry_options
+from django_cogworker.tasks.timing import time_limits
 
 if TYPE_CHECKING:
     from django_cogworker.tasks.backend import CogworkerBackend, CogworkerTask
@@ -43,6 +46,7 @@ __all__ = [
     "backend_configured",
     "not_registered_message",
     "retry_options",
+    "time_limits",
 ]
 
 BACKEND_PATHS = ("django_cogworker.tasks.CogworkerBackend", "django_cogworker.tasks.backend.CogworkerBackend")

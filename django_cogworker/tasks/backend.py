@@ -1,14 +1,16 @@
-"""``CogworkerBackend``: Django's Tasks API on cogworker, and ``CogworkerTask``.
+"""``CogworkerBackend``: Django's Tasks API on cogworker (its ``task_class``,
+``CogworkerTask``, is in ``task.py``).
 
-Duties: validate a task and register it with the worker registry (Django
-validates every ``Task`` as it is made, so importing a module of ``@task``
-functions registers them); enqueue a task as a cogworker payload plus its
-result record in one MULTI (``run_after`` to the schedule set, priority to a
-queue of ``PRIORITY_QUEUES``), after commit when ``ENQUEUE_ON_COMMIT`` asks,
-through the client's write path (:func:`django_cogworker.client.push`: the
-same queue registration and errors as ``.delay()``); read results back
-(``redis.asyncio`` for the async twins); report bad settings as system
-checks.
+Duties: validate a task, cogworker's options included, and register it with
+the worker registry (Django validates every ``Task`` as it is made, so
+importing a module of ``@task`` functions registers them); enqueue a task
+as a cogworker payload plus its result record in one MULTI (``run_after`` to
+the schedule set, priority to a queue of ``PRIORITY_QUEUES``, the time
+options written as ``@job`` writes them), after commit when
+``ENQUEUE_ON_COMMIT`` asks, through the client's write path
+(:func:`django_cogworker.client.push`: the same queue registration and
+errors as ``.delay()``); read results back (``redis.asyncio`` for the async
+twins); report bad settings as system checks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -27,7 +28,7 @@ from django_cogworker import client, middleware, registry
 from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, get_keys, get_redis
 from django_cogworker.errors import CogworkerError, ConfigurationError
-from django_cogworker.job import RetryIn, is_retry
+from django_cogworker.job import is_retry
 from django_cogworker.payload import Payload
 from django_cogworker.tasks import runner
 from django_cogworker.tasks.compat import (
@@ -52,6 +53,10 @@ from django_cogworker.tasks.options import (
     task_retry_in,
 )
 from django_cogworker.tasks.records import Record, dumps, epoch_s, loads, new_record, pending_ttl_s, to_result
+from django_cogworker.tasks.task import CogworkerTask
+from django_cogworker.tasks.timing import task_time_limits, time_limits_problem
+
+__all__ = ["CogworkerBackend", "CogworkerTask", "TaskNotRegistered", "TaskRefused"]
 
 
 class TaskNotRegistered(CogworkerError):
@@ -60,44 +65,6 @@ class TaskNotRegistered(CogworkerError):
 
 class TaskRefused(CogworkerError):
     """A client middleware refused the task's payload: nothing was enqueued."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class CogworkerTask(Task):
-    """A ``Task`` with cogworker's retry options, so that ``.using(retry=0)``
-    sets them per call. On Django >= 6.1 and the backport ``@task(retry=5,
-    retry_in=...)`` sets them too (the decorator hands its extra keyword
-    arguments to the backend's ``task_class``); ``@retry_options`` under
-    ``@task`` works on every version."""
-
-    #: Retries after the first run: True (``COGWORKER['DEFAULT_RETRY']``), False
-    #: or 0 (none), N; None takes the backend's ``OPTIONS['RETRY']``.
-    retry: bool | int | None = None
-    #: ``(count, exc) -> seconds`` (or None for the default backoff), or its
-    #: dotted path; None takes the backend's ``OPTIONS['RETRY_IN']``.
-    retry_in: RetryIn | str | None = None
-
-    def using(
-        self,
-        *,
-        priority: int | None = None,
-        queue_name: str | None = None,
-        run_after: datetime | None = None,
-        backend: str | None = None,
-        retry: bool | int | None = None,
-    ) -> CogworkerTask:
-        """A copy with per-call options, ``retry`` included."""
-        changes: dict[str, Any] = {}
-        for name, value in (
-            ("priority", priority),
-            ("queue_name", queue_name),
-            ("run_after", run_after),
-            ("backend", backend),
-            ("retry", retry),
-        ):
-            if value is not None:
-                changes[name] = value
-        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +119,9 @@ class CogworkerBackend(BaseTaskBackend):
             raise InvalidTask(f"Task {task.module_path}: retry must be True, False or a whole number >= 0.")
         if not is_retry_in(task_retry_in(task)):
             raise InvalidTask(f"Task {task.module_path}: retry_in must be a callable or its dotted path.")
+        problem = time_limits_problem(task_time_limits(task))
+        if problem:
+            raise InvalidTask(f"Task {task.module_path}: {problem}.")
         runner.register(task, find_owner)
 
     # -- enqueue -----------------------------------------------------------------
@@ -172,8 +142,14 @@ class CogworkerBackend(BaseTaskBackend):
 
     async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         options = self.task_options
-        if options.enqueue_on_commit or client.inline_mode() or get_config().cache_alias:
-            # Transactions and django-redis are synchronous.
+        if (
+            options.enqueue_on_commit
+            or client.inline_mode()
+            or get_config().cache_alias
+            or task_time_limits(task)["expires"] is not None
+        ):
+            # Transactions and django-redis are synchronous, and so is the
+            # TIME that an expiring task's deadline may ask.
             return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
         prepared = self._prepare(task, args, kwargs)
         await client.apush(prepared.chain, [prepared.payload], prepared.at, also=self._record_write(prepared))
@@ -194,12 +170,16 @@ class CogworkerBackend(BaseTaskBackend):
         now = time.time()
         run_after_s = epoch_s(task.run_after) if task.run_after is not None else None
         at = run_after_s if run_after_s is not None and run_after_s > now else None
+        # Time options as @job(...) writes them: the worker honours them alike.
+        limits = task_time_limits(task)
+        job = job.set(queue=queue, retry=options.retry if retry is None else retry, **limits)
         try:
-            payload = job.set(queue=queue, retry=options.retry if retry is None else retry).payload(
-                list(args), dict(kwargs), now
-            )
+            payload = job.payload(list(args), dict(kwargs), now)
         except TypeError as exc:  # an argument JSON cannot carry; nothing pushed
             raise TypeError(_with_framework_wording(exc, args, kwargs)) from None
+        if job.expires is not None:
+            # Due at run_after (also one already past, as delay_at()'s), else now.
+            job.expiring(payload, run_after_s)
         # The client middleware sees task payloads as it sees .delay()'s.
         chain = middleware.client_chain()
         ready = chain.run(payload, at=at)

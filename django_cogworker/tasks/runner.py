@@ -17,12 +17,16 @@ each task it registers.
 The job itself is an ordinary cogworker job: ``execution.execute`` runs it,
 the retry and dead machinery files it. A record write that fails after the
 task ran is logged, never raised: raising would retry, and so re-run, a task
-that has already done its work.
+that has already done its work. For the same reason a task's ``timeout``
+(armed around the whole job, this module's bookkeeping included) that runs
+out as the task returns does not fail the run: the write it lands in is
+done again (:func:`_shielded`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -32,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
 
@@ -40,6 +44,7 @@ from django_cogworker import registry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import current_job
+from django_cogworker.errors import JobTimeout
 from django_cogworker.job import Job
 from django_cogworker.payload import Payload
 from django_cogworker.tasks.compat import (
@@ -171,9 +176,35 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwne
         # say so, never stay RUNNING while the job waits in retry or dead.
         record["errors"] = [*record.get("errors", []), error_entry(exc)]
         record["status"] = TaskResultStatus.READY.value
-        _save_quietly(client, key, record, pending_ttl_s(record, options.result_ttl_s, time.time()))
+        ttl_s = pending_ttl_s(record, options.result_ttl_s, time.time())
+        _shielded(lambda: _save_quietly(client, key, record, ttl_s))
         raise
-    record["finished_at"] = time.time()
+    done = _shielded(lambda: _succeeded(client, key, record, value, options.result_ttl_s, ctx.jid, name))
+    with contextlib.suppress(JobTimeout):  # see _shielded: the run succeeded all the same
+        _send(task_finished, owner.sender, to_result(done, task))
+
+
+T = TypeVar("T")
+
+
+def _shielded(step: Callable[[], T]) -> T:
+    """Runs one step of the bookkeeping that follows the task's own code,
+    under its ``timeout`` still (armed around the whole job): a
+    ``JobTimeout`` that lands in it came as the task returned, and comes
+    once, so the step is done again, whole. Let through, it would file a
+    task that did its work as failed, and its retry would run it twice."""
+    try:
+        return step()
+    except JobTimeout:
+        return step()
+
+
+def _succeeded(
+    client: redis.Redis, key: str, running: Record, value: Any, ttl_s: float, jid: str, name: str
+) -> Record:
+    """Records a run that returned ``value``; ``running`` is left as it
+    was, so that done again the step writes the same record."""
+    record = dict(running, finished_at=time.time())
     try:
         value = normalize_json(value)
         check_json(value)
@@ -182,7 +213,7 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwne
         # returns. Failed, without a retry.
         logger.warning(
             "jid=%s %s failed (%s: %s): its return value is not JSON; result FAILED, no retry",
-            ctx.jid,
+            jid,
             name,
             type(exc).__name__,
             exc,
@@ -192,8 +223,8 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwne
     else:
         record["status"] = TaskResultStatus.SUCCESSFUL.value
         record["return_value"] = value
-    _save_quietly(client, key, record, options.result_ttl_s)
-    _send(task_finished, owner.sender, to_result(record, task))
+    _save_quietly(client, key, record, ttl_s)
+    return record
 
 
 def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:

@@ -19,8 +19,9 @@ from django.dispatch import receiver
 from django_cogworker import current_job
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_redis
-from django_cogworker.tasks import retry_options
+from django_cogworker.tasks import retry_options, time_limits
 from django_cogworker.tasks.compat import TaskContext, task_enqueued, task_finished, task_started
+from testproject.testapp import jobs
 
 try:
     from django.tasks import task
@@ -109,6 +110,21 @@ def raises(kind: str) -> None:
 def returns_an_object() -> object:
     _note("runs", tag="object")
     return object()
+
+
+@task
+@time_limits(expires=1)
+def expiring(tag: str) -> None:
+    _note("runs", tag=tag)
+
+
+@task
+@retry_options(retry=0)
+@time_limits(timeout=1)
+def busy_past_timeout(tag: str) -> None:
+    """``jobs.busy_past_timeout``'s busy loop inside ``except Exception``
+    (called as a plain function), as a task."""
+    jobs.busy_past_timeout(tag)
 
 
 def helper() -> None:
