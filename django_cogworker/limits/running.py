@@ -136,16 +136,20 @@ class Waker:
         self.client = client
         self.keys = keys
         self.done = done
-        self._due: list[tuple[float, str, Limiter]] = []
+        #: (when, sequence, name, limiter): the sequence keeps ties off the limiters.
+        self._due: list[tuple[float, int, str, Limiter]] = []
+        self._sequence = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def at(self, limiter: Limiter, wait_s: float) -> None:
         """Wakes ``limiter``'s waiters in ``wait_s`` seconds."""
+        at = time.monotonic() + wait_s
         with self._cond:
-            if any(name == limiter.name for _, name, _ in self._due):
-                return  # one wake a limiter at a time: it schedules the next
-            heapq.heappush(self._due, (time.monotonic() + wait_s, limiter.name, limiter))
+            if any(name == limiter.name and when <= at for when, _, name, _ in self._due):
+                return  # an earlier wake of it is due: that one schedules the next
+            self._sequence += 1
+            heapq.heappush(self._due, (at, self._sequence, limiter.name, limiter))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cogworker-limits", daemon=True)
                 self._thread.start()
@@ -162,7 +166,7 @@ class Waker:
                         return
                     timeout = 1.0 if not self._due else min(1.0, self._due[0][0] - time.monotonic())
                     self._cond.wait(max(0.0, timeout))
-                _, _, limiter = heapq.heappop(self._due)
+                _, _, _, limiter = heapq.heappop(self._due)
             self._wake(limiter)
 
     def _wake(self, limiter: Limiter) -> None:
