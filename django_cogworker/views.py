@@ -133,6 +133,15 @@ def exposition(s: Scrape) -> Iterator[str]:
     for name in sorted(s.expired):
         yield _sample("cogworker_expired_total", {"job": name}, s.expired[name])
 
+    yield from _family(
+        "cogworker_limit_holders", "gauge", "Jobs holding a limiter's slot; a rate's starts in its window."
+    )
+    for limit in s.limits:
+        yield _sample("cogworker_limit_holders", {"limit": limit.name}, limit.holders)
+    yield from _family("cogworker_limit_waiting", "gauge", "Jobs waiting for a limiter.")
+    for limit in s.limits:
+        yield _sample("cogworker_limit_waiting", {"limit": limit.name}, limit.waiting)
+
     jobs = sorted(s.jobs.values(), key=lambda f: f.name)
     runs = "cogworker_job_runs_total"
     yield from _family(runs, "counter", "Runs of each job, by outcome.")

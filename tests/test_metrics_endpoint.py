@@ -15,11 +15,12 @@ from django.test import Client
 from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_cogworker import views
+from django_cogworker import limits, views
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.metrics import BUCKETS_S, Tally, write
 from testproject.testapp import jobs
 from tests.conftest import wait_for
+from tests.test_api_limits import admit
 
 URL = "/cogworker/metrics"
 TOKEN = "s3cret-metrics-token"
@@ -41,6 +42,8 @@ FAMILIES = {
     "cogworker_processes": "gauge",
     "cogworker_busy_threads": "gauge",
     "cogworker_expired": "counter",
+    "cogworker_limit_holders": "gauge",
+    "cogworker_limit_waiting": "gauge",
     "cogworker_job_runs": "counter",
     "cogworker_job_duration_seconds": "histogram",
 }
@@ -190,6 +193,44 @@ def test_label_values_are_escaped(cog):
     assert got[("cogworker_queue_size", (("queue", 'q"uote'),))] == 0
 
 
+def test_limiters_holders_and_waiting_jobs(cog):
+    cog.configure(METRICS_TOKEN=TOKEN)
+    erp = limits.Concurrency("erp", 2)
+    for i in range(5):
+        admit(erp, f"e{i}", "default" if i < 4 else "mail")
+    stripe = limits.Rate("stripe", 3, per=600)
+    for i in range(4):
+        admit(stripe, f"s{i}")
+    odd = 'acct "7" \\ back'
+    admit(limits.Concurrency(odd, 1), "o1")
+    admit(limits.for_queue("reports", 1), "r1", "reports")
+    response = scrape(Authorization=f"Bearer {TOKEN}")
+    got = samples(response)
+
+    def by_limit(name: str) -> dict[str, float]:
+        return {dict(labels)["limit"]: v for (n, labels), v in got.items() if n == name}
+
+    assert by_limit("cogworker_limit_holders") == {"erp": 2, "stripe": 3, odd: 1, "queue:reports": 1}
+    assert by_limit("cogworker_limit_waiting") == {"erp": 3, "stripe": 1, odd: 0, "queue:reports": 0}
+    assert 'limit="acct \\"7\\" \\\\ back"' in response.content.decode()
+
+
+def test_limiter_garbage_in_redis_is_read_as_zeros_not_a_500(cog):
+    cog.configure(METRICS_TOKEN=TOKEN)
+    cog.redis.hset(cog.key("limits"), mapping={"erp": "not json", b"\xff": "{}", "x\ny": "{}"})
+    cog.redis.set(cog.key("limit:erp:holders"), "not a hash")
+    cog.redis.sadd(cog.key("limit:erp:queues"), b"\xed\xa0\x80")
+    got = samples(scrape(Authorization=f"Bearer {TOKEN}"))
+    assert got[("cogworker_limit_holders", (("limit", "erp"),))] == 0
+    assert got[("cogworker_limit_waiting", (("limit", "erp"),))] == 0
+    assert [labels for name, labels in got if name == "cogworker_limit_waiting"] == [(("limit", "erp"),)]
+    cog.redis.delete(cog.key("limits"))
+    cog.redis.set(cog.key("limits"), "not a hash")
+    assert not any(
+        name.startswith("cogworker_limit_") for name, _ in samples(scrape(Authorization=f"Bearer {TOKEN}"))
+    )
+
+
 def test_a_real_worker_run_shows_in_the_scrape(cog, in_process):
     cog.configure(METRICS_TOKEN=TOKEN, ENQUEUE_ON_COMMIT=False)
     for i in range(3):
@@ -324,8 +365,13 @@ class RoundTrips:
         monkeypatch.setattr(pipeline_class, "execute", counted_execute)
 
 
-def fill(cog, jobs_n: int, queues_n: int, processes_n: int) -> None:
+def fill(cog, jobs_n: int, queues_n: int, processes_n: int, limiters_n: int) -> None:
     add_figures([(f"app.job_{i}", 0.01 * i, i % 3 == 0) for i in range(jobs_n)])
+    for i in range(limiters_n):
+        # One holder and one waiting job each, the waiting one on a queue of its own.
+        limiter = limits.Rate(f"r{i}", 1, per=600) if i % 2 else limits.Concurrency(f"c{i}", 1)
+        admit(limiter, f"h{i}")
+        admit(limiter, f"w{i}", f"q{i}")
     for i in range(queues_n):
         cog.redis.sadd(cog.key("queues"), f"q{i}")
         cog.redis.lpush(cog.key(f"queue:q{i}"), json.dumps({"enqueued_at": time.time() - i}))
@@ -336,12 +382,12 @@ def fill(cog, jobs_n: int, queues_n: int, processes_n: int) -> None:
 def test_one_scrape_costs_the_same_round_trips_for_1_or_50_job_names(cog, monkeypatch):
     cog.configure(METRICS_TOKEN=TOKEN)
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    fill(cog, jobs_n=1, queues_n=1, processes_n=1)
+    fill(cog, jobs_n=1, queues_n=1, processes_n=1, limiters_n=2)
     trips = RoundTrips(monkeypatch, get_redis())
     small = samples(scrape(**auth))
     few = trips.count
 
-    fill(cog, jobs_n=50, queues_n=30, processes_n=20)
+    fill(cog, jobs_n=50, queues_n=30, processes_n=20, limiters_n=40)
     trips.count = 0
     large = samples(scrape(**auth))
     many = trips.count
@@ -349,4 +395,14 @@ def test_one_scrape_costs_the_same_round_trips_for_1_or_50_job_names(cog, monkey
     assert len([k for k in small if k[0] == "cogworker_job_runs_total"]) == 2
     assert len([k for k in large if k[0] == "cogworker_job_runs_total"]) == 100
     assert large[("cogworker_processes", ())] == 20
-    assert few == many <= 7, "the round trips of one scrape grow with the data"
+    assert large[("cogworker_limit_waiting", (("limit", "r39"),))] == 1
+    assert len([k for k in large if k[0] == "cogworker_limit_holders"]) == 40
+    # Seven, and four for the limiters: their registry, two pipelines, Redis's clock.
+    assert few == many <= 11, "the round trips of one scrape grow with the data"
+
+
+def test_without_limiters_a_scrape_costs_one_round_trip_more(cog, monkeypatch):
+    cog.configure(METRICS_TOKEN=TOKEN)
+    trips = RoundTrips(monkeypatch, get_redis())
+    samples(scrape(Authorization=f"Bearer {TOKEN}"))
+    assert trips.count <= 8

@@ -143,6 +143,7 @@ def context(
         ("unsettled", "Unsettled", admin_url(model_admin, "set", "unsettled"), stats.unsettled_size),
         ("periodic", "Periodic", admin_url(model_admin, "periodic"), None),
         ("metrics", "Metrics", admin_url(model_admin, "metrics"), None),
+        ("limits", "Limits", admin_url(model_admin, "limits"), None),
     ]
     tab_url, tab_label = next((url, label) for key, label, url, _ in tabs if key == tab)
     dashboard_url = admin_url(model_admin, "dashboard")

@@ -1,7 +1,7 @@
 """The URLs of the jobs pages, under the ``Job`` model's admin URL.
 
 Duties: route every page (``dashboard``, ``queues``, ``busy``, ``periodic``,
-``metrics`` and the set tabs, ``sets``) through ``admin_site.admin_view()``, which asks
+``metrics``, ``limits`` and the set tabs, ``sets``) through ``admin_site.admin_view()``, which asks
 for an active staff login, protects every POST with CSRF and keeps pages
 out of caches, and through ``when_redis_answers()``: Redis down is a 503
 page in the admin's frame, never a 500. The URL names (``admin:django_cogworker_<page>``)
@@ -19,7 +19,7 @@ from django.contrib.admin import ModelAdmin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, re_path
 
-from django_cogworker.admin import busy, dashboard, metrics, periodic, queues, sets
+from django_cogworker.admin import busy, dashboard, limits, metrics, periodic, queues, sets
 from django_cogworker.admin.helpers import when_redis_answers
 
 #: The set pages, as they appear in URLs.
@@ -70,6 +70,10 @@ def patterns(model_admin: ModelAdmin) -> list[URLPattern]:
         path("metrics/", page(metrics.metrics_page), name="django_cogworker_metrics"),
         # Job names, like queue names, are any text: one encoded segment.
         re_path(r"^metrics/(?P<name>[^/]+)/$", page(metrics.job_page), name="django_cogworker_job_metrics"),
+        path("limits/", page(limits.limits_page), name="django_cogworker_limits"),
+        # Limiter names, like queue names, are any text: one encoded segment.
+        re_path(r"^limits/(?P<name>[^/]+)/$", page(limits.limit_page), name="django_cogworker_limit"),
+        re_path(r"^limits/(?P<name>[^/]+)/set/$", page(limits.limit_set), name="django_cogworker_limit_set"),
         re_path(rf"^(?P<set_name>{SET_NAMES})/$", page(sets.set_list), name="django_cogworker_set"),
         re_path(
             rf"^(?P<set_name>{SET_NAMES})/action/$",

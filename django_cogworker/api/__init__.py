@@ -2,9 +2,9 @@
 
 ``Queue``, ``ScheduledSet``, ``RetrySet``, ``DeadSet``, ``UnsettledSet``,
 ``JobRecord`` (with ``retry()``, ``delete()``, ``kill()``), ``ProcessSet``,
-``Workers``, ``InProgress``, ``Stats`` and ``PeriodicEntries`` (SPEC section
-2). The admin calls only this package; no view builds a key or runs a Redis
-command itself. Every move is one script that writes before it removes and
+``Workers``, ``InProgress``, ``Stats``, ``PeriodicEntries`` (SPEC section
+2) and ``Limit`` (section 14). The admin calls only this package; no view
+builds a key or runs a Redis command itself. Every move is one script that writes before it removes and
 does nothing if someone else moved the entry first. Whatever Redis holds is
 read through ``payload.parse``: an entry that cannot be read (not JSON,
 nested thousands deep) is shown as unreadable, never an exception (SPEC
@@ -21,6 +21,8 @@ One module per role:
 - ``processes``: ``ProcessSet``, ``Workers``, ``RunningJob``, ``InProgress``;
 - ``stats``: ``Stats`` and its daily history;
 - ``periodic``: ``PeriodicEntries``;
+- ``limits``: ``Limit``, the limiters (SPEC section 14): figures, and the
+  limit changed at once;
 - ``metrics``: the per-job figures, and ``mark_deploy()``;
 - ``persistence_note()``: what to say when Redis keeps nothing on disk
   (:mod:`django_cogworker.persistence`);
@@ -30,6 +32,7 @@ One module per role:
 
 from __future__ import annotations
 
+from django_cogworker.api.limits import Limit, LimitFigures, limit_figures
 from django_cogworker.api.metrics import DeployMark, deploy_marks, mark_deploy
 from django_cogworker.api.periodic import PeriodicEntries, PeriodicEntry
 from django_cogworker.api.processes import InProgress, ProcessRecord, ProcessSet, RunningJob, Workers
@@ -48,6 +51,8 @@ __all__ = [
     "InProgress",
     "JobRecord",
     "JobSet",
+    "Limit",
+    "LimitFigures",
     "Memory",
     "PeriodicEntries",
     "PeriodicEntry",
@@ -65,6 +70,7 @@ __all__ = [
     "bulk",
     "deploy_marks",
     "job_names",
+    "limit_figures",
     "mark_deploy",
     "memory",
     "persistence_note",

@@ -2,11 +2,14 @@
 
 Duties: ``scrape()`` gathers every figure the endpoint exposes through the
 inspection API (``Stats``, ``Queue.all()``, ``ProcessSet``,
-``api.metrics.totals()``) in a fixed number of round trips, whatever the
-number of job names, queues or processes: seven (two for ``Stats``, one
-for ``Queue.all()``, one for the queues' figures, two for the processes,
-one for the job totals; the queues' figures come from
-``api.queues.queue_figures``, one pipelined round trip for them all).
+``api.metrics.totals()``, ``Limit.all()``) in a fixed number of round
+trips, whatever the number of job names, queues, processes or limiters:
+ten, eleven when a rate limiter is known (two for ``Stats``, one for
+``Queue.all()``, one for the queues' figures, two for the processes, one
+for the job totals, one for ``Limit.all()`` and two for the limiters'
+figures, plus Redis's clock for a rate's window; the queues' figures come
+from ``api.queues.queue_figures``, the limiters' from
+``api.limits.limit_figures``, pipelined for them all).
 Redis errors reach the caller as ``CogworkerError``
 (``errors.redis_boundary``).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django_cogworker.api import metrics as job_metrics
+from django_cogworker.api.limits import Limit, LimitFigures, limit_figures
 from django_cogworker.api.processes import ProcessSet
 from django_cogworker.api.queues import Queue, QueueFigures, queue_figures
 from django_cogworker.api.stats import Stats
@@ -39,6 +43,8 @@ class Scrape:
     jobs: dict[str, JobFigures]
     #: Jobs dropped unrun past their deadline (``expires``), by job name.
     expired: dict[str, int]
+    #: Every limiter of the registry, by name.
+    limits: list[LimitFigures]
 
 
 def scrape() -> Scrape:
@@ -57,4 +63,5 @@ def scrape() -> Scrape:
         busy_threads=sum(p.busy for p in processes),
         jobs=job_metrics.totals().jobs,
         expired=stats.expired_by_job,
+        limits=limit_figures(Limit.all()),
     )
