@@ -18,11 +18,13 @@ local function limiter_now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
--- The limit in force: an override that is a whole number >= 0, else n.
+-- The limit in force: an override written as a whole number >= 0 (digits
+-- only, as api.Limit reads it), else n.
 local function limit_of(max_key, n)
   local override = redis.pcall("GET", max_key)
-  override = type(override) == "string" and tonumber(override) or nil
-  if override and override >= 0 then return override end
+  if type(override) == "string" and string.match(override, "^%d+$") then
+    return tonumber(override)
+  end
   return n
 end
 
