@@ -281,4 +281,5 @@ def expiring_fail(message: str = "boom") -> None:
     _note("runs", tag=message)
     raise ValueError(message)
 
-from testproject.testapp import limited_jobs as limited_jobs  # noqa: E402,F401  (registers them)
+
+from testproject.testapp import limited_jobs as limited_jobs  # noqa: E402  (registers them)
