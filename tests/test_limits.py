@@ -186,6 +186,25 @@ def test_g23_dynamic_limit_per_account_serial_accounts_parallel_names_forgotten(
     assert list(cog.redis.scan_iter(match=cog.key("limits:held:*"))) == []
 
 
+def test_g23_acquire_in_job_code_waits_and_runs_again_from_its_start(cog: CogEnv) -> None:
+    start_workers(cog, 2, CONCURRENCY=4)
+    expected = set(range(6))
+    for i in sorted(expected):
+        limited_jobs.code_limited.delay(0.3, i)
+    wait_all_run(cog, expected, "the jobs limited in their code")
+    runs = cog.notes()
+    assert sorted(n["tag"] for n in runs) == sorted(expected)
+    entered = cog.notes("entered")
+    # Some met the full limiter and ran again from their start...
+    assert len(entered) > len(expected)
+    # ...as the same try: no retry used, nothing failed.
+    assert {n["retry_count"] for n in runs + entered} == {0}
+    assert failed_count(cog) == 0
+    assert gauge_max(cog, "in-code") == 1
+    assert_settled(cog, "in-code")
+    print(f"\nacquire() in job code, Concurrency(1): 6 jobs entered {len(entered)} times, max at once 1")
+
+
 # -- rate -----------------------------------------------------------------------------------
 
 

@@ -126,6 +126,7 @@ def park(
         repr(limiter.per),
         PROMOTED_TTL_S,
         "1" if listed else "0",
+        jid,
     ]
     reply = script("park")(client, script_keys, args)
     return float(reply[1]) if int(reply[0]) == 1 else None
