@@ -205,6 +205,23 @@ def test_g23_acquire_in_job_code_waits_and_runs_again_from_its_start(cog: CogEnv
     print(f"\nacquire() in job code, Concurrency(1): 6 jobs entered {len(entered)} times, max at once 1")
 
 
+def test_g23_expires_drops_a_job_that_waited_past_its_deadline(cog: CogEnv) -> None:
+    start_workers(cog, 1, CONCURRENCY=4)
+    for i in range(2):
+        limited_jobs.erp_sync.delay(3, f"holder{i}")
+    wait_for(lambda: holders(cog) == 2, 15, "both slots held")
+    limited_jobs.erp_sync.set(expires_in=1).delay(0.1, "late")
+    limited_jobs.erp_sync.delay(0.1, "patient")
+    wait_for(lambda: waiting_keys(cog), 15, "the two to wait")
+    wait_all_run(cog, {"holder0", "holder1", "patient"}, "the holders and the patient job")
+    wait_for(
+        lambda: int(cog.redis.get(cog.key("stat:expired")) or 0) == 1, 15, "the late job counted expired"
+    )
+    assert "late" not in tags(cog) + tags(cog, "started")
+    assert failed_count(cog) == 0
+    assert_settled(cog)
+
+
 # -- rate -----------------------------------------------------------------------------------
 
 
