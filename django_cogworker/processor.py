@@ -133,6 +133,8 @@ class Processor:
             # Dropped unrun: neither processed nor failed.
             unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None)
             crew.settler.finished(self.index, work, unrun)
+            ctx = crew.fetching.ctx
+            admission.dropped_unrun(ctx.client, ctx.keys, work.jid, payload, work.queue, crew.config)
             return
         if (
             payload is not None

@@ -1,19 +1,24 @@
 """Which limiters a job starts under (SPEC section 14): its
 ``@job(limit=)`` (a limiter, or a callable of its arguments, called at each
 start) and its queue's ``QUEUE_LIMITS`` entry; none for a plain job (two
-lookups). ``Processor.admitted`` admits it under them (``state.admit``).
+lookups). ``Processor.admitted`` admits it under them (``state.admit``);
+:func:`dropped_unrun` gives back what a job dropped at its start reserved.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from typing import TYPE_CHECKING, Any
 
 from django_cogworker import registry
-from django_cogworker.limits import Limiter, for_queue
+from django_cogworker.limits import Limiter, for_queue, state
 
 if TYPE_CHECKING:
     from django_cogworker.conf import Config
+    from django_cogworker.keys import Keys
     from django_cogworker.payload import Payload
+
+logger = logging.getLogger("django_cogworker")
 
 
 def limiters_for(payload: Payload, queue: str, config: Config) -> tuple[Limiter, ...]:
@@ -37,3 +42,15 @@ def limiters_for(payload: Payload, queue: str, config: Config) -> tuple[Limiter,
     if n is not None:
         found += (for_queue(queue, n),)
     return found
+
+
+def dropped_unrun(client: Any, keys: Keys, jid: str, payload: Payload, queue: str, config: Config) -> None:
+    """A job dropped at its start without running (expired): if it was a
+    waiter put back on its queue, its reserved slot goes to the next one."""
+    try:
+        limiters = limiters_for(payload, queue, config)
+        if limiters:
+            state.unreserve(client, keys, jid, limiters)
+    except Exception as exc:
+        # Its reservation lapses after PROMOTED_TTL_S; the sweep wakes the next.
+        logger.debug("jid=%s: its limiters' reservation not dropped (%s)", jid, exc)

@@ -13,6 +13,7 @@ keeps them in one slot), and read their replies:
 - :func:`release`, a slot taken in job code, when its block ends;
 - :func:`held`, what a process holds, for the recovery that frees it (G23);
 - :func:`wake`, waiters moved back onto their queues while there is room;
+- :func:`unreserve`, the reservation of a promoted waiter dropped unrun;
 - :func:`sweep`, each poller pass: wakes that were missed, idle names forgotten.
 """
 
@@ -126,6 +127,7 @@ def park(
         repr(limiter.per),
         PROMOTED_TTL_S,
         "1" if listed else "0",
+        jid,
     ]
     reply = script("park")(client, script_keys, args)
     return float(reply[1]) if int(reply[0]) == 1 else None
@@ -181,6 +183,15 @@ def wake(client: Any, keys: Keys, name: str, limiter: Limiter | None = None) -> 
     if moved:
         logger.debug("limiter %s: %d waiting job(s) back on their queue", name, moved)
     return moved, float(reply[1])
+
+
+def unreserve(client: Any, keys: Keys, jid: str, limiters: Sequence[Limiter]) -> None:
+    """A promoted waiter dropped unrun at its start (expired) gives up the
+    slot reserved for it, which would otherwise stay held back for
+    ``PROMOTED_TTL_S``; the next waiter is woken into it."""
+    for limiter in limiters:
+        if client.zrem(keys.limit(limiter.name, "promoted"), jid):
+            wake(client, keys, limiter.name, limiter)
 
 
 PARTS = ("holders", "starts", "queues", "promoted", "max")

@@ -11,6 +11,7 @@ import time
 from django_cogworker import job, limits
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_redis
+from django_cogworker.context import current_job
 from testproject.testapp.jobs import _note
 
 ERP = limits.Concurrency("erp", 2)
@@ -51,9 +52,18 @@ def import_account(account: int, seconds: float, tag: object = None) -> None:
 
 @job(limit=STRIPE, retry=0)
 def charge(tag: object = None) -> None:
-    """Records its start on Redis's clock."""
-    seconds, micros = get_redis().time()
-    _note("runs", tag=tag, redis_at=seconds + micros / 1e6)
+    """Records its start on Redis's clock, and when the limiter admitted it
+    (its entry in the rate's starts, also on Redis's clock)."""
+    client, namespace = get_redis(), get_config().namespace
+    seconds, micros = client.time()
+    ctx = current_job()
+    admitted = [
+        score
+        for _, score in client.zscan_iter(
+            f"{namespace}:limit:stripe:starts", match=f"{ctx.jid}:*" if ctx else ""
+        )
+    ]
+    _note("runs", tag=tag, redis_at=seconds + micros / 1e6, admitted_at=admitted[0] if admitted else None)
 
 
 @job(retry=0)
