@@ -49,6 +49,14 @@ from tests.test_guarantees import (  # the guarantees that need no server of the
     test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues,  # noqa: F401
     test_g13_bad_payloads_are_filed_in_dead_with_raw_kept_and_the_worker_goes_on,  # noqa: F401
 )
+from tests.test_limits import (  # G23: every key of the limiters' scripts in one slot
+    test_g23_concurrency_holds_across_processes_and_waiting_uses_no_retry,  # noqa: F401
+    test_g23_queue_limit_one_at_a_time_and_other_queues_run_meanwhile,  # noqa: F401
+    test_g23_rate_no_window_holds_more_than_its_starts,  # noqa: F401
+)
+from tests.test_limits_chaos import (
+    test_g23_sigkill_the_holder_of_both_slots_they_come_back_after_the_threshold,  # noqa: F401
+)
 from tests.test_metrics_robustness import (  # the figures' script, and a beat, on the cluster
     test_a_workers_beat_writes_the_fastest_and_slowest_run_of_each_minute,  # noqa: F401
     test_percentiles_are_clamped_to_the_fastest_and_slowest_run,  # noqa: F401
