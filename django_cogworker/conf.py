@@ -33,6 +33,10 @@ DEFAULTS: dict[str, Any] = {
     "NAMESPACE": None,  # None: DEFAULT_NAMESPACE, or CLUSTER_NAMESPACE for a redis+cluster:// URL
     "QUEUES": [DEFAULT_QUEUE],
     "CONCURRENCY": 10,
+    # ``async def`` jobs run at once on a process's event loop, besides its
+    # CONCURRENCY threads (SPEC section 15); the loop starts only in a
+    # process where such a job is registered.
+    "ASYNC_CONCURRENCY": 100,
     "FETCH": "reliable",  # a name of fetch.STRATEGIES
     # None: the CPUs, scheduling policy and niceness stay as the OS gave them
     # (G21); "auto" or a list of CPU numbers pins each process (affinity.py).
@@ -86,6 +90,7 @@ class Config:
     namespace: str
     queues: tuple[QueueSpec, ...]
     concurrency: int
+    async_concurrency: int
     fetch: str
     #: None (the OS decides), "auto", or the CPUs listed (see :mod:`django_cogworker.affinity`).
     cpu_affinity: str | tuple[int, ...] | None
@@ -211,6 +216,7 @@ def get_config() -> Config:
         namespace=str(values["NAMESPACE"]),
         queues=tuple(parse_queue(q) for q in values["QUEUES"]),
         concurrency=int(values["CONCURRENCY"]),
+        async_concurrency=int(values["ASYNC_CONCURRENCY"]),
         fetch=str(values["FETCH"]),
         cpu_affinity=_cpu_affinity(values["CPU_AFFINITY"]),
         orphan_threshold_s=float(values["ORPHAN_THRESHOLD"]),

@@ -167,6 +167,14 @@ class Ledger:
             self.running[index] = Running(work, time.time())
             self._running_raw[work.raw] += 1
 
+    def moved(self, index: int, to: int) -> None:
+        """A running job handed from thread ``index`` to the event loop's
+        index ``to`` (``coroutines.py``): the thread's slot is free."""
+        with self._slots:
+            self.running[to] = self.running.pop(index)
+            if not self.calling:
+                self._slots.notify()
+
     def finished(
         self, index: int, work: UnitOfWork, failed: bool | None, ran: tuple[str, float] | None = None
     ) -> None:

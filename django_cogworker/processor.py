@@ -19,8 +19,10 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django_cogworker import execution, expiry
+from django_cogworker.arun import is_coroutine_job
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config
 from django_cogworker.connection import follow_master
@@ -32,6 +34,9 @@ from django_cogworker.payload import Payload
 from django_cogworker.requeue import isolated
 from django_cogworker.settle import Settler
 from django_cogworker.work import UnitOfWork
+
+if TYPE_CHECKING:
+    from django_cogworker.coroutines import Coroutines
 
 logger = logging.getLogger("django_cogworker")
 
@@ -56,6 +61,8 @@ class Crew:
     settler: Settler
     outage: Outage
     quiet: threading.Event
+    #: The event loop of ``async def`` jobs: None in a process without one.
+    loop: Coroutines | None = None
 
     @property
     def revival_check_s(self) -> float:
@@ -132,6 +139,9 @@ class Processor:
             # Dropped unrun: neither processed nor failed.
             unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None)
             crew.settler.finished(self.index, work, unrun)
+            return
+        if crew.loop is not None and payload is not None and is_coroutine_job(payload):
+            crew.loop.run(self.index, work, payload)  # waits only while the loop is full
             return
         try:
             outcome = execution.execute(work.raw, crew.config, queue=work.queue, payload=payload)

@@ -6,6 +6,9 @@ and raises nothing; failures are handled like a worker would, minus Redis.
 
 ``drain()``: runs every job waiting in the queues, in this process, through
 the real retry/dead logic, against the configured Redis.
+
+Both run ``async def`` jobs too, each on an event loop of its own
+(``execution.execute`` hands them to ``arun.run_here``).
 """
 
 from __future__ import annotations

@@ -280,3 +280,8 @@ def expiring_unique(tag: object = None) -> None:
 def expiring_fail(message: str = "boom") -> None:
     _note("runs", tag=message)
     raise ValueError(message)
+
+
+if os.environ.get("COGWORKER_TEST_ASYNC_JOBS"):
+    # A worker of tests/test_async_jobs.py: registers the async jobs too.
+    from testproject.testapp import async_jobs  # noqa: F401
