@@ -13,9 +13,10 @@ Duties (SPEC section 15):
   in the ledger from the thread's index to one of the loop's
   (``CONCURRENCY`` and up), so strays (G7), revival (G18) and the bound
   (G19: ``CONCURRENCY + ASYNC_CONCURRENCY``) are judged as for any job;
-- record each job's end through ``Settler.finished``, once, from a thread
-  of its own (the loop never waits on Redis for it): acks still ride the
-  next fetch, failures are filed by the same scripts (G6);
+- record each job's end through ``Settler.finished``, once: on the loop
+  when that is done in memory (its ack owed to the next fetch,
+  ``Settler.in_memory``), else from a thread of its own, so that the loop
+  never waits on Redis for it; failures are filed by the same scripts (G6);
 - at shutdown (G8): hand over nothing more, let the jobs run until the
   deadline (:meth:`drain`), then cancel the rest (:meth:`cancel`) for the
   manager to put back with their interrupt count;
@@ -28,6 +29,7 @@ The loop's lag is watched from another thread (``loop_watch.py``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import queue
@@ -50,10 +52,21 @@ logger = logging.getLogger("django_cogworker")
 #: (it is woken as soon as a job ends).
 ROOM_WAIT_S = 0.25
 
+#: A full loop wakes the threads waiting for room once this many slots are
+#: free, not at each: one wake-up a batch.
+ROOM_BATCH = 8
+
 #: How long the shutdown waits for cancelled coroutines to end (the
 #: cancellation lands at their next ``await``) before those still going are
 #: put back as running ones are.
 CANCEL_GRACE_S = 1.0
+
+#: Jobs a fetch may bring ahead for the loop (each held in the ledger, G19),
+#: while it took one within FETCH_AHEAD_FOR_S: a coroutine job is handed over
+#: at once, so without it the threads would rarely wait, and each call would
+#: bring one job.
+FETCH_AHEAD = 16
+FETCH_AHEAD_FOR_S = 1.0
 
 #: A finished job, for the settling thread; None stops it.
 Done = tuple[int, UnitOfWork, Outcome] | None
@@ -95,7 +108,11 @@ class Coroutines:
         #: Jobs whose coroutine ended by the shutdown's cancellation.
         self.cancelled: list[UnitOfWork] = []
         self._done: queue.SimpleQueue[Done] = queue.SimpleQueue()
+        #: Jobs handed over, for the loop to start (``_start``).
+        self._inbox: collections.deque[tuple[int, UnitOfWork, Payload]] = collections.deque()
+        self._woken = False
         self.stopping = False
+        self.handed_at = -FETCH_AHEAD_FOR_S  # monotonic time of the last hand-over
 
     # -- threads -----------------------------------------------------------------
 
@@ -137,16 +154,29 @@ class Coroutines:
             self.settler.give_back(work)
             return
         self.ledger.moved(index, slot)
-        # A closed loop (it crashed, and the process stops) refuses it: the
-        # job stays running in the ledger, and the shutdown puts it back.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self._start, slot, work, payload)
+        self.handed_at = time.monotonic()
+        self._inbox.append((slot, work, payload))
+        if not self._woken:
+            # One wake-up of the loop for the jobs handed over meanwhile, not
+            # one each. (Two threads may both wake it: the second finds the
+            # inbox empty.) A closed loop (it crashed, and the process stops)
+            # refuses it: the job stays running in the ledger, and the
+            # shutdown puts it back.
+            self._woken = True
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._start)
 
-    def _start(self, slot: int, work: UnitOfWork, payload: Payload) -> None:
-        # Each task runs in a copy of the loop thread's context: current_job()
-        # and the ThreadSensitiveContext set in one are not seen by another.
-        task = self.loop.create_task(self._one(slot, work, payload))
-        self.tasks[task] = work
+    def _start(self) -> None:
+        # Cleared first: a job handed over after the last pop below wakes
+        # the loop again.
+        self._woken = False
+        while self._inbox:
+            slot, work, payload = self._inbox.popleft()
+            # Each task runs in a copy of the loop thread's context:
+            # current_job() and the ThreadSensitiveContext set in one are not
+            # seen by another.
+            task = self.loop.create_task(self._one(slot, work, payload))
+            self.tasks[task] = work
 
     async def _one(self, slot: int, work: UnitOfWork, payload: Payload) -> None:
         try:
@@ -164,22 +194,40 @@ class Coroutines:
             task = asyncio.current_task()
             if task is not None:
                 self.tasks.pop(task, None)
-        self._done.put((slot, work, outcome))
+        if self.settler.in_memory(work, outcome):
+            self._finished(slot, work, outcome)  # no Redis call: here, without a thread hop
+        else:
+            self._done.put((slot, work, outcome))
 
     def _settle(self) -> None:
-        """The settling thread: each end recorded once (``Settler.finished``),
-        then the loop has room for one more."""
+        """The settling thread: the ends that tell Redis at once (a failure
+        filed, a recovered job acked), so the loop never waits on Redis."""
         while True:
             done = self._done.get()
             if done is None:
                 return
-            slot, work, outcome = done
-            try:
-                self.settler.finished(slot, work, outcome)
-            finally:
-                with self._room:
-                    self._free.append(slot)
-                    self._room.notify()
+            self._finished(*done)
+
+    def _finished(self, slot: int, work: UnitOfWork, outcome: Outcome) -> None:
+        """Each end recorded once (``Settler.finished``), then the loop has
+        room for one more."""
+        try:
+            self.settler.finished(slot, work, outcome)
+        finally:
+            with self._room:
+                self._free.append(slot)
+                if len(self._free) == min(ROOM_BATCH, self.size):
+                    self._room.notify_all()
+
+    def room(self) -> int:
+        """How many more jobs a fetch may bring for the loop: up to
+        ``FETCH_AHEAD`` of its free slots while it has taken a job within
+        ``FETCH_AHEAD_FOR_S``, so that a stream of coroutine jobs costs one
+        call per batch, not one per job; none otherwise, so that a process
+        running plain jobs alone fetches as before."""
+        if time.monotonic() - self.handed_at > FETCH_AHEAD_FOR_S:
+            return 0
+        return min(len(self._free), FETCH_AHEAD)
 
     def blocking_job(self) -> UnitOfWork | None:
         """The job whose coroutine runs on the loop now (from another thread)."""

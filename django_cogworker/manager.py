@@ -81,6 +81,8 @@ class Manager:
             self.coroutines = coroutines.Coroutines(
                 config, self.ledger, self.settler, self.quiet, concurrency, self.loop_crashed, self.stuck_run
             )
+        if self.coroutines is not None:
+            self.ledger.loop_room = self.coroutines.room
         crew = Crew(
             config, self.ledger, self.fetching, self.settler, self.outage, self.quiet, self.coroutines
         )

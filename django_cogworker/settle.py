@@ -59,14 +59,20 @@ class Settler:
         outcome applied now; then the thread's slot is free. Effects of a
         completion (SPEC sections 13-14: a batch's membership, a limiter's
         release) belong here."""
-        # A recovered job is acknowledged at once, with its orphan counter:
-        # left owed, a kill before the next fetch would count it as orphaned
-        # again though it had finished (G19).
-        if outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered:
+        if self.in_memory(work, outcome):
             self.acks.owe(work, outcome.jid)
         else:
             self.settle(work, outcome)
         self.ledger.finished(index, work, outcome.failed, outcome.ran)
+
+    def in_memory(self, work: UnitOfWork, outcome: Outcome) -> bool:
+        """Whether :meth:`finished` records this end in memory alone (its ack
+        owed to the next fetch): the event loop of async jobs then calls it
+        itself, else from a thread, as it may wait on Redis."""
+        # A recovered job is acknowledged at once, with its orphan counter:
+        # left owed, a kill before the next fetch would count it as orphaned
+        # again though it had finished (G19).
+        return outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered
 
     def settle(self, work: UnitOfWork, outcome: Outcome) -> None:
         """Tells Redis how the job ended; on failure keeps it owed (G6)."""
