@@ -120,6 +120,7 @@ class Processor:
             try:
                 if suspect and not self.marked(work):
                     continue
+                work.isolated = suspect
                 self.process(work)
             finally:
                 if suspect:
@@ -140,7 +141,9 @@ class Processor:
             unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None)
             crew.settler.finished(self.index, work, unrun)
             return
-        if crew.loop is not None and payload is not None and is_coroutine_job(payload):
+        # An isolated one runs here, on a loop of its own (execute()), so
+        # that it stays alone in this process while it runs (G3).
+        if crew.loop is not None and payload is not None and is_coroutine_job(payload) and not work.isolated:
             crew.loop.run(self.index, work, payload)  # waits only while the loop is full
             return
         try:

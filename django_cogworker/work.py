@@ -25,6 +25,9 @@ class UnitOfWork:
     #: it only when it resumes.
     fetched_at: float = 0.0
     _payload: Payload | BadPayload | None = field(default=None, repr=False)
+    #: Runs isolated (recovered again, G3): an ``async def`` one then runs
+    #: in its thread, not on the event loop beside the others.
+    isolated: bool = False
 
     def payload(self) -> Payload:
         """The decoded payload (parsed once), or BadPayload (G13)."""

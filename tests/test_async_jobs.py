@@ -150,6 +150,24 @@ def test_g1_g3_sigkill_with_100_coroutines_in_flight_recovers_them_all_counting_
     assert survivor.wait(15) == 0
 
 
+def test_g3_a_coroutine_job_recovered_again_runs_isolated_in_its_thread_not_on_the_loop(cog):
+    """Recovered twice (its counter at 2): it runs alone, in the thread that
+    fetched it, on a loop of its own; the others stay on the process's loop."""
+    payload = async_jobs.asleep.payload([0.01, "isolated"], {})
+    payload["orphaned"] = 2
+    jid = str(payload["jid"])
+    cog.redis.set(cog.key(f"orphanings:{jid}"), 2)
+    cog.redis.lpush(cog.key("queue:default"), json.dumps(payload))
+    plain = async_jobs.asleep.delay(0.01, "plain")
+    worker = start(cog, CONCURRENCY=2)
+    wait_for(lambda: set(ran(cog)) == {jid, plain}, 20, "both jobs to run")
+    threads = {n["jid"]: n["thread"] for n in cog.notes()}
+    assert threads[jid].startswith("cogworker-processor-")
+    assert threads[plain] == "cogworker-loop"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+
+
 def test_g8_sigterm_cancels_coroutines_past_the_shutdown_timeout_and_puts_them_back(cog):
     worker = start(cog, CONCURRENCY=2, ASYNC_CONCURRENCY=100, SHUTDOWN_TIMEOUT=1)
     worker.identity()

@@ -8,6 +8,7 @@ and widens its bound (SPEC section 15), which the other tests must not get.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from asgiref.sync import sync_to_async
@@ -24,7 +25,7 @@ async def asleep(seconds: float, tag: object = None) -> None:
     _note("started", tag=tag)
     await asyncio.sleep(seconds)
     ctx = current_job()
-    _note("runs", tag=tag, seen_jid=ctx.jid if ctx else None)
+    _note("runs", tag=tag, seen_jid=ctx.jid if ctx else None, thread=threading.current_thread().name)
 
 
 @job
