@@ -41,7 +41,7 @@ from django_cogworker import middleware, registry, runs, timeouts
 from django_cogworker.conf import Config
 from django_cogworker.context import JobContext, TimedJobContext, reset_current, set_current
 from django_cogworker.errors import JobTimeout
-from django_cogworker.outcomes import Outcome
+from django_cogworker.outcomes import SUCCESS, Outcome
 from django_cogworker.payload import Payload
 
 
@@ -64,16 +64,16 @@ async def aexecute(raw: bytes, config: Config, *, queue: str = "", payload: Payl
                 run = middleware.server_chain().start(payload)
                 began = time.monotonic()
                 try:
-                    run.before()
+                    await run.abefore()
                     await _call(job.func, payload, ctx, limited)
-                except asyncio.CancelledError as exc:
-                    if _cancelled_from_outside():
-                        raise  # the shutdown's (G8): no outcome, the job goes back
-                    outcome = runs.failed(payload, exc, config, job, time.monotonic() - began, run)
                 except BaseException as exc:
-                    outcome = runs.failed(payload, exc, config, job, time.monotonic() - began, run)
+                    if isinstance(exc, asyncio.CancelledError) and _cancelled_from_outside():
+                        raise  # the shutdown's (G8): no outcome, the job goes back
+                    outcome, result = runs.failure_of(payload, exc, config, job, time.monotonic() - began)
+                    await run.aafter(result)
                 else:
-                    outcome = runs.succeeded(ctx.jid, job, time.monotonic() - began, run)
+                    outcome = runs.success(ctx.jid, job, time.monotonic() - began)
+                    await run.aafter(SUCCESS)
             finally:
                 await _close_connections(own_thread)
     finally:

@@ -91,14 +91,27 @@ def failed(
     ``BaseException`` the job raised (SystemExit, KeyboardInterrupt and the
     like) is its failure (G14): let through, it would leave the job on the
     in-progress list, requeued as a stray and run again forever."""
-    outcome = failure(payload, exc, config, job, took_s)
-    run.after(result_of(outcome, exc))
+    outcome, result = failure_of(payload, exc, config, job, took_s)
+    run.after(result)
     return outcome
+
+
+def failure_of(
+    payload: Payload, exc: BaseException, config: Config, job: Job, took_s: float
+) -> tuple[Outcome, middleware.Result]:
+    """A failed run's outcome, and what the server middleware is told of it."""
+    outcome = failure(payload, exc, config, job, took_s)
+    return outcome, result_of(outcome, exc)
 
 
 def succeeded(jid: str, job: Job, took_s: float, run: middleware.ServerRun) -> Outcome:
-    if logger.isEnabledFor(logging.INFO):
-        logger.info("jid=%s %s done in %.3fs", jid, job.name, took_s)
-    outcome = Outcome(ACK, jid=jid, ran=(job.name, took_s))
+    outcome = success(jid, job, took_s)
     run.after(SUCCESS)
     return outcome
+
+
+def success(jid: str, job: Job, took_s: float) -> Outcome:
+    """A run that returned: its outcome (the middleware is told ``SUCCESS``)."""
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("jid=%s %s done in %.3fs", jid, job.name, took_s)
+    return Outcome(ACK, jid=jid, ran=(job.name, took_s))

@@ -261,6 +261,22 @@ def test_the_lag_watch_makes_a_loop_blocked_past_its_limit_stop_the_process(cog)
         loop.close()
 
 
+def test_server_middleware_with_an_async_form_is_awaited_around_a_coroutine_job(cog):
+    middleware = {"client": [], "server": ["testproject.testapp.middleware.AsyncNotes"]}
+    worker = start(cog, CONCURRENCY=1, MIDDLEWARE=middleware)
+    worker.identity()
+    coro = async_jobs.asleep.delay(0.01, "async")
+    plain = jobs.record.delay("sync")
+    failing = async_jobs.asleep_past_timeout.delay(2)
+    wait_for(lambda: len(cog.notes("middleware")) == 6, 20, "the middleware to see the three runs")
+    hooks = [(n["jid"], n["hook"], n.get("status")) for n in cog.notes("middleware")]
+    assert [h for h in hooks if h[0] == coro] == [(coro, "abefore", None), (coro, "aafter", "success")]
+    assert [h for h in hooks if h[0] == plain] == [(plain, "before", None), (plain, "after", "success")]
+    assert [h for h in hooks if h[0] == failing] == [(failing, "abefore", None), (failing, "aafter", "dead")]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+
+
 # -- Django: the ORM, async views ---------------------------------------------------------
 
 
