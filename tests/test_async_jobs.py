@@ -231,6 +231,18 @@ def test_timeout_cancels_an_awaiting_coroutine_with_jobtimeout_within_half_a_sec
     assert worker.wait(15) == 0
 
 
+def test_hard_timeout_of_a_coroutine_drains_the_process_which_exits_3_the_job_filed_once(cog):
+    worker = start(cog, CONCURRENCY=1, SHUTDOWN_TIMEOUT=1)
+    worker.identity()
+    jid = async_jobs.asleep_past_hard_timeout.delay(30)
+    assert worker.wait(20) == 3
+    [entry] = dead(cog)
+    assert entry["jid"] == jid and entry["error_class"] == TIMEOUT_CLASS
+    assert "hard_timeout of 1s" in entry["error_message"]
+    assert cog.notes("overran") == []
+    assert cog.redis.zcard(cog.key("retry")) == 0 and cog.redis.llen(cog.key("queue:default")) == 0
+
+
 def test_a_crash_of_the_event_loop_stops_the_process_with_a_non_zero_status(cog):
     worker = start(cog, CONCURRENCY=1, SHUTDOWN_TIMEOUT=1)
     worker.identity()

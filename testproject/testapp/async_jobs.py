@@ -64,6 +64,13 @@ async def stop_the_loop() -> None:
     asyncio.get_running_loop().stop()
 
 
+@job(hard_timeout=1, retry=False)
+async def asleep_past_hard_timeout(seconds: float = 30) -> None:
+    _note("started")
+    await asyncio.sleep(seconds)
+    _note("overran")
+
+
 def _slow_query(seconds: float) -> None:
     from django.contrib.auth.models import Group
 
