@@ -11,8 +11,8 @@ class CogworkerConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
-        from django_cogworker import checks, execution, logs, registry  # noqa: F401  (registers the checks)
+        from django_cogworker import checks, logs, registry, runs  # noqa: F401  (registers the checks)
 
-        connection_created.connect(execution.opened_connection, dispatch_uid="django_cogworker.opened")
+        connection_created.connect(runs.opened_connection, dispatch_uid="django_cogworker.opened")
         logs.install_filter()
         registry.autodiscover()

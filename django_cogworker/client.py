@@ -67,10 +67,41 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str
             )
         except EnqueueNotReplicated as exc:
             unconfirmed.append(exc)  # pushed: the next chunks go on, and one error names them all
+    _raise_unconfirmed(unconfirmed, len(jids))
+    return jids
+
+
+def sync_only() -> bool:
+    """Whether an async enqueue must take the synchronous path (in a
+    thread): the testing helpers' inline mode runs jobs in the caller's
+    thread, and django-redis (``CACHE_ALIAS``) has no asyncio client."""
+    return inline_runner is not None or bool(get_config().cache_alias)
+
+
+async def aenqueue(payloads: list[Payload], at: float | None, *, chunk_size: int = 1000) -> list[str]:
+    """:func:`enqueue` and :func:`enqueue_many` for async code (``adelay``
+    and friends): the same chain, then :func:`apush` on ``redis.asyncio``.
+    Pushed at once, never on commit: Django's ``atomic()`` and
+    ``on_commit`` are synchronous, so no transaction of Django's is open in
+    async code (see docs/async.md)."""
+    warn_if_not_installed()
+    chain = middleware.client_chain()
+    payloads = [ready for ready in (chain.run(p, at=at) for p in payloads) if ready is not None]
+    unconfirmed: list[EnqueueNotReplicated] = []
+    for start in range(0, len(payloads), chunk_size):
+        try:
+            await apush(chain, payloads[start : start + chunk_size], at)
+        except EnqueueNotReplicated as exc:
+            unconfirmed.append(exc)
+    _raise_unconfirmed(unconfirmed, len(payloads))
+    return _jids(payloads)
+
+
+def _raise_unconfirmed(unconfirmed: list[EnqueueNotReplicated], total: int) -> None:
+    """One error naming every job a replica did not confirm (all were pushed)."""
     if unconfirmed:
         names = [jid for exc in unconfirmed for jid in exc.jids]
-        raise EnqueueNotReplicated(f"{len(names)} of {len(jids)} jobs: {unconfirmed[0]}", names)
-    return jids
+        raise EnqueueNotReplicated(f"{len(names)} of {total} jobs: {unconfirmed[0]}", names)
 
 
 class NotInstalledWarning(RuntimeWarning):

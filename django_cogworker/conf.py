@@ -36,6 +36,10 @@ DEFAULTS: dict[str, Any] = {
     # process (SPEC section 14; limits.for_queue).
     "QUEUE_LIMITS": {},
     "CONCURRENCY": 10,
+    # ``async def`` jobs run at once on a process's event loop, besides its
+    # CONCURRENCY threads (SPEC section 15); the loop starts only in a
+    # process where such a job is registered.
+    "ASYNC_CONCURRENCY": 100,
     "FETCH": "reliable",  # a name of fetch.STRATEGIES
     # None: the CPUs, scheduling policy and niceness stay as the OS gave them
     # (G21); "auto" or a list of CPU numbers pins each process (affinity.py).
@@ -91,6 +95,7 @@ class Config:
     #: Queue name -> its concurrency limit (``QUEUE_LIMITS``); empty: none.
     queue_limits: dict[str, int]
     concurrency: int
+    async_concurrency: int
     fetch: str
     #: None (the OS decides), "auto", or the CPUs listed (see :mod:`django_cogworker.affinity`).
     cpu_affinity: str | tuple[int, ...] | None
@@ -217,6 +222,7 @@ def get_config() -> Config:
         queues=tuple(parse_queue(q) for q in values["QUEUES"]),
         queue_limits=_queue_limits(values["QUEUE_LIMITS"]),
         concurrency=int(values["CONCURRENCY"]),
+        async_concurrency=int(values["ASYNC_CONCURRENCY"]),
         fetch=str(values["FETCH"]),
         cpu_affinity=_cpu_affinity(values["CPU_AFFINITY"]),
         orphan_threshold_s=float(values["ORPHAN_THRESHOLD"]),

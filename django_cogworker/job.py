@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, MutableSet, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from django_cogworker import client, expiry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.connection import get_redis
@@ -128,6 +130,12 @@ class Job:
         return dataclasses.replace(self, **options)
 
     @functools.cached_property
+    def coroutine(self) -> bool:
+        """An ``async def`` job: a worker awaits it on its event loop (SPEC
+        section 15), beside its threads."""
+        return inspect.iscoroutinefunction(self.func)
+
+    @functools.cached_property
     def signature(self) -> inspect.Signature | None:
         """The function's signature, to check calls against at enqueue time
         (None when Python cannot tell it, as for some built-ins)."""
@@ -223,9 +231,7 @@ class Job:
 
     def delay_in(self, seconds: float | timedelta, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue to run after ``seconds`` (a number or a timedelta)."""
-        if isinstance(seconds, timedelta):
-            seconds = seconds.total_seconds()
-        at = time.time() + float(seconds)
+        at = _after(seconds)
         payload = self.checked_payload(args, kwargs)
         if self.expires is not None:
             self.expiring(payload, at)
@@ -233,16 +239,19 @@ class Job:
 
     def delay_at(self, when: datetime | float | int, *args: Any, **kwargs: Any) -> str | None:
         """Enqueue to run at ``when`` (an aware datetime, or epoch seconds)."""
-        if isinstance(when, datetime):
-            if when.tzinfo is None:
-                raise ValueError(f"job {self.name!r}: delay_at() needs an aware datetime, got a naive one")
-            at = when.timestamp()
-        else:
-            at = float(when)
+        at = self.epoch(when)
         payload = self.checked_payload(args, kwargs)
         if self.expires is not None:
             self.expiring(payload, at)
         return client.enqueue(payload, at=at)
+
+    def epoch(self, when: datetime | float | int) -> float:
+        """``delay_at``'s ``when`` as epoch seconds."""
+        if isinstance(when, datetime):
+            if when.tzinfo is None:
+                raise ValueError(f"job {self.name!r}: delay_at() needs an aware datetime, got a naive one")
+            return when.timestamp()
+        return float(when)
 
     def delay_many(
         self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, chunk_size: int = 1000
@@ -250,6 +259,10 @@ class Job:
         """Enqueue many calls, pipelined in chunks; returns their jids.
 
         Every call's arguments are checked before anything is pushed."""
+        return client.enqueue_many(self.many_payloads(calls), chunk_size=chunk_size)
+
+    def many_payloads(self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]) -> list[Payload]:
+        """The checked payloads of ``delay_many``'s calls, one deadline for all."""
         now = time.time()
         calls = list(calls)
         jids = new_jids(len(calls))
@@ -258,4 +271,51 @@ class Job:
             at = self.expiring(payloads[0], now)[expiry.FIELD]
             for payload in payloads:
                 payload[expiry.FIELD] = at
-        return client.enqueue_many(payloads, chunk_size=chunk_size)
+        return payloads
+
+    # -- from async code (SPEC section 15): redis.asyncio, the same checks --------------
+
+    async def adelay(self, *args: Any, **kwargs: Any) -> str | None:
+        """:meth:`delay` for async code: the loop is never blocked on Redis."""
+        if client.sync_only():
+            return await sync_to_async(self.delay)(*args, **kwargs)
+        return await self._apush(self.checked_payload(args, kwargs), None)
+
+    async def adelay_in(self, seconds: float | timedelta, *args: Any, **kwargs: Any) -> str | None:
+        """:meth:`delay_in` for async code."""
+        if client.sync_only():
+            return await sync_to_async(self.delay_in)(seconds, *args, **kwargs)
+        at = _after(seconds)
+        return await self._apush(self.checked_payload(args, kwargs), at)
+
+    async def adelay_at(self, when: datetime | float | int, *args: Any, **kwargs: Any) -> str | None:
+        """:meth:`delay_at` for async code."""
+        if client.sync_only():
+            return await sync_to_async(self.delay_at)(when, *args, **kwargs)
+        at = self.epoch(when)
+        return await self._apush(self.checked_payload(args, kwargs), at)
+
+    async def adelay_many(
+        self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, chunk_size: int = 1000
+    ) -> list[str]:
+        """:meth:`delay_many` for async code."""
+        if client.sync_only():
+            return await sync_to_async(self.delay_many)(calls, chunk_size=chunk_size)
+        if self.expires is not None:
+            # Redis's clock may have to be read (TIME): in a thread, once.
+            payloads = await sync_to_async(self.many_payloads, thread_sensitive=False)(calls)
+        else:
+            payloads = self.many_payloads(calls)
+        return await client.aenqueue(payloads, None, chunk_size=chunk_size)
+
+    async def _apush(self, payload: Payload, at: float | None) -> str | None:
+        if self.expires is not None:
+            await sync_to_async(self.expiring, thread_sensitive=False)(payload, at)
+        jids = await client.aenqueue([payload], at)
+        return jids[0] if jids else None
+
+
+def _after(seconds: float | timedelta) -> float:
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    return time.time() + float(seconds)

@@ -50,6 +50,8 @@ BOOT_RETRY_MAX_S = 5.0
 #: The exit status of a process stopped by a run stuck past its
 #: ``hard_timeout`` (SPEC section 14): 0 is a stop asked for, 1 an error.
 HARD_TIMEOUT_EXIT_STATUS = 3
+#: The exit status of a process whose event loop of async jobs died.
+CRASH_EXIT_STATUS = 1
 
 
 def new_identity() -> str:
@@ -83,6 +85,7 @@ class Launcher:
             config.shutdown_timeout_s if shutdown_timeout_s is None else shutdown_timeout_s,
         )
         self.manager.on_stuck = lambda: self.signals.put("hard_timeout")
+        self.manager.on_crash = lambda: self.signals.put("crashed")
         self.recovery = Recovery(process)
         self.heartbeat = Heartbeat(process, self.manager.ledger, self.status, self.remote_signal)
         self.poller = Poller(process)
@@ -146,7 +149,9 @@ class Launcher:
                 what = self.signals.get(timeout=1.0)
             except queue.Empty:
                 continue
-            if what in ("stop", "hard_timeout"):
+            if what in ("stop", "hard_timeout", "crashed"):
+                if what == "crashed":
+                    self.exit_status = CRASH_EXIT_STATUS
                 break
             self.handle(what)
         self.stop()

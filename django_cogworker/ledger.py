@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django_cogworker.metrics import Tally
@@ -82,6 +83,9 @@ class Ledger:
         # does), instead of each sending its own call for one job.
         self.calling = False
         self.waiting = 0  # threads waiting in reserve()
+        #: How many more jobs a call may fetch for the event loop of async
+        #: jobs (``Coroutines.room``); none in a process without one.
+        self.loop_room: Callable[[], int] = lambda: 0
         self.pending: dict[bytes, Pending] = {}
         self.interrupted: set[bytes] = set()
         self._suspect = False
@@ -107,7 +111,10 @@ class Ledger:
                     # This thread and those waiting, whose acks wait in
                     # ``acks.Acks`` already: the call carries them (G19). Not
                     # a thread still running its job: its slot is not free.
-                    free = min(free, 1 + self.waiting, most or free)
+                    # And the event loop's share (``Coroutines.room``: none
+                    # while it takes no jobs, so plain jobs are fetched as
+                    # before).
+                    free = min(free, 1 + self.waiting + self.loop_room(), most or free)
                     self.reserved += free
                     self.calling = True
                     return Slots(free, calling=True)
@@ -166,6 +173,14 @@ class Ledger:
             _decrement(self.held, work.raw)
             self.running[index] = Running(work, time.time())
             self._running_raw[work.raw] += 1
+
+    def moved(self, index: int, to: int) -> None:
+        """A running job handed from thread ``index`` to the event loop's
+        index ``to`` (``coroutines.py``): the thread's slot is free."""
+        with self._slots:
+            self.running[to] = self.running.pop(index)
+            if not self.calling:
+                self._slots.notify()
 
     def finished(
         self, index: int, work: UnitOfWork, failed: bool | None, ran: tuple[str, float] | None = None

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from django_cogworker import execution, threads, timeouts
+from django_cogworker import coroutines, execution, threads, timeouts
 from django_cogworker.conf import QueueSpec
 from django_cogworker.connection import fit_pool, pool_size
 from django_cogworker.errors import BadPayload
@@ -63,23 +63,40 @@ class Manager:
         self.queues = queues
         self.concurrency = concurrency
         self.shutdown_timeout_s = shutdown_timeout_s
-        fit_pool(self.client, config, pool_size(concurrency))
+        # The loop of async jobs (SPEC section 15) holds one connection at a
+        # time, as its settling thread does.
+        self.async_concurrency = config.async_concurrency if coroutines.wanted() else 0
+        fit_pool(self.client, config, pool_size(concurrency, 2 if self.async_concurrency else 0))
         # Set by SIGTSTP and first thing on stop. Every sleep of a processor
         # (idle backoff, outage backoff, a wait for a slot) waits on it, so
         # none holds up a shutdown (G9).
         self.quiet = threading.Event()
         self.stopping = threading.Event()
-        self.ledger = Ledger(concurrency, self.quiet)
+        # G19: a coroutine job holds a ledger slot as a thread's job does.
+        self.ledger = Ledger(concurrency + self.async_concurrency, self.quiet)
         self.context = FetchContext(self.client, self.keys, config, identity, queues, self.quiet, self.ledger)
         self.fetching = Fetching(self.context, fetch)
         self.settler = Settler(self.context, self.fetching, self.outage)
-        self.crew = Crew(config, self.ledger, self.fetching, self.settler, self.outage, self.quiet)
+        self.coroutines = None
+        if self.async_concurrency:
+            self.coroutines = coroutines.Coroutines(
+                config, self.ledger, self.settler, self.quiet, concurrency, self.loop_crashed, self.stuck_run
+            )
+        if self.coroutines is not None:
+            self.ledger.loop_room = self.coroutines.room
+        crew = Crew(
+            config, self.ledger, self.fetching, self.settler, self.outage, self.quiet, self.coroutines
+        )
+        self.crew = crew
         self._threads: dict[int, threading.Thread] = {}
         self.crashes = 0
         #: jid -> hard timeout (s) of the runs stuck past it.
         self.stuck: dict[str, float] = {}
         #: Called once when a run is stuck: the launcher stops the process.
         self.on_stuck: Callable[[], None] = lambda: None
+        #: Called when the event loop's thread dies: the launcher stops the
+        #: process with a non-zero status.
+        self.on_crash: Callable[[], None] = lambda: None
 
     # -- what the other roles read ---------------------------------------------------
 
@@ -127,6 +144,8 @@ class Manager:
         timeouts.on_stuck(self.stuck_run)
         # What acquire() in job code needs of this process (SPEC section 14).
         running.bind(self.client, self.keys, self.identity, self.settler.waker)
+        if self.coroutines is not None:
+            self.coroutines.start()
         for index in range(self.concurrency):
             self.start_processor(index)
 
@@ -135,6 +154,9 @@ class Manager:
         self._threads[index] = threads.start(
             f"cogworker-processor-{index}", processor.run, lambda _name: self.processor_crashed(processor)
         )
+
+    def loop_crashed(self) -> None:
+        self.on_crash()
 
     def processor_crashed(self, processor: Processor) -> None:
         """A processor died of an error of ours (a job's own exceptions never
@@ -175,12 +197,17 @@ class Manager:
         deadline = time.monotonic() + self.shutdown_timeout_s
         # No wait for a stuck thread: it will not finish.
         self.wait_for_processors(deadline, frozenset(index for index, _ in self.stuck_runs()))
+        if self.coroutines is not None:
+            self.coroutines.drain(deadline)
         self.stopping.set()
         self.file_stuck()
+        # Coroutines still running are cancelled; those that ended so go back
+        # at once, the others as any job running at the deadline.
+        ended = self.coroutines.cancel() if self.coroutines is not None else set()
         running = [r.work for _, r in self.ledger.running_now() if r.work.jid not in self.stuck]
         if running:
             logger.warning("%d job(s) still running at the shutdown deadline", len(running))
-            self.interrupt(running)
+            self.interrupt(running, ended)
         self.settler.settle_unfinished()
 
     # -- hard timeouts -----------------------------------------------------------------
@@ -216,7 +243,12 @@ class Manager:
             self.settler.settle(work, outcome)
             self.ledger.interrupt(work.raw)
 
-    def interrupt(self, running: list[UnitOfWork]) -> None:
+    def interrupt(
+        self, running: list[UnitOfWork], ended: set[bytes] | frozenset[bytes] = frozenset()
+    ) -> None:
+        """Files each job in retry with its interrupt count: due at once when
+        its run is known to have ended (a cancelled coroutine), else
+        ``INTERRUPT_DELAY_S`` ahead."""
         for work in running:
             if not self.reliable:
                 self.settler.give_back(work)
@@ -230,13 +262,14 @@ class Manager:
                 continue  # requeued normally by the shutdown requeue
             payload["interrupt_count"] = count
             jid = work.jid
+            delay_s = 0.0 if work.raw in ended else INTERRUPT_DELAY_S
             try:
                 filed = self.fetcher().file(
-                    work, self.keys.retry, time.time() + INTERRUPT_DELAY_S, encode_stored(payload), jid, False
+                    work, self.keys.retry, time.time() + delay_s, encode_stored(payload), jid, False
                 )
             except Exception as exc:
                 logger.error("could not interrupt jid=%s (%s); it is requeued instead", jid, exc)
                 continue
             if filed:
                 self.ledger.interrupt(work.raw)
-                logger.warning("interrupted jid=%s; filed in retry to run in %.0fs", jid, INTERRUPT_DELAY_S)
+                logger.warning("interrupted jid=%s; filed in retry to run in %.0fs", jid, delay_s)

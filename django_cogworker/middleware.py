@@ -84,7 +84,12 @@ class ClientMiddleware:
 
 
 class ServerMiddleware:
-    """Runs in the worker, in the job's thread and context (``current_job()``)."""
+    """Runs in the worker, in the job's thread and context (``current_job()``).
+
+    For ``async def`` jobs, which run on the worker's event loop, a
+    middleware may define ``async def abefore(payload)`` and ``async def
+    aafter(payload, result)``: they are awaited instead of ``before`` and
+    ``after``, which otherwise run on the loop and must not block it."""
 
     def before(self, payload: Payload) -> None:
         """Before the job runs. Raising fails this run like the job would."""
@@ -137,9 +142,33 @@ class ServerRun:
             try:
                 item.after(self.payload, result)
             except Exception:
-                logger.exception(
-                    "server middleware %s failed after jid=%s", _name(item), self.payload.get("jid")
-                )
+                self._after_failed(item)
+
+    async def abefore(self) -> None:
+        """:meth:`before` for an ``async def`` job: a middleware's
+        ``abefore`` awaited where it has one."""
+        for item in self.items:
+            form = getattr(item, "abefore", None)
+            if form is not None:
+                await form(self.payload)
+            else:
+                item.before(self.payload)
+            self.entered.append(item)
+
+    async def aafter(self, result: Result) -> None:
+        """:meth:`after` for an ``async def`` job (``aafter`` where defined)."""
+        for item in reversed(self.entered):
+            form = getattr(item, "aafter", None)
+            try:
+                if form is not None:
+                    await form(self.payload, result)
+                else:
+                    item.after(self.payload, result)
+            except Exception:
+                self._after_failed(item)
+
+    def _after_failed(self, item: ServerMiddleware) -> None:
+        logger.exception("server middleware %s failed after jid=%s", _name(item), self.payload.get("jid"))
 
 
 class ServerChain:

@@ -19,8 +19,10 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django_cogworker import execution, expiry, registry
+from django_cogworker.arun import is_coroutine_job
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config
 from django_cogworker.connection import follow_master
@@ -33,6 +35,9 @@ from django_cogworker.payload import Payload
 from django_cogworker.requeue import isolated
 from django_cogworker.settle import Settler
 from django_cogworker.work import UnitOfWork
+
+if TYPE_CHECKING:
+    from django_cogworker.coroutines import Coroutines
 
 logger = logging.getLogger("django_cogworker")
 
@@ -57,6 +62,8 @@ class Crew:
     settler: Settler
     outage: Outage
     quiet: threading.Event
+    #: The event loop of ``async def`` jobs: None in a process without one.
+    loop: Coroutines | None = None
 
     @property
     def revival_check_s(self) -> float:
@@ -114,6 +121,7 @@ class Processor:
             try:
                 if suspect and not self.marked(work):
                     continue
+                work.isolated = suspect
                 self.process(work)
             finally:
                 if suspect:
@@ -141,6 +149,11 @@ class Processor:
             and (registry.limited or crew.config.queue_limits)
             and not self.admitted(work, payload)
         ):
+            return
+        # An isolated one runs here, on a loop of its own (execute()), so
+        # that it stays alone in this process while it runs (G3).
+        if crew.loop is not None and payload is not None and is_coroutine_job(payload) and not work.isolated:
+            crew.loop.run(self.index, work, payload)  # waits only while the loop is full
             return
         try:
             outcome = execution.execute(work.raw, crew.config, queue=work.queue, payload=payload)

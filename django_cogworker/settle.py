@@ -70,18 +70,25 @@ class Settler:
         outcome applied now; then the thread's slot is free. Effects of a
         completion (SPEC sections 13-14: a batch's membership, a limiter's
         release) belong here."""
-        # A recovered job is acknowledged at once, with its orphan counter:
-        # left owed, a kill before the next fetch would count it as orphaned
-        # again though it had finished (G19).
-        # A job holding a limiter's slot too: its release rides the call
-        # that settles it, now (SPEC section 14).
-        if outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered and not work.holds:
+        if self.in_memory(work, outcome):
             self.acks.owe(work, outcome.jid)
         elif outcome.kind == execution.WAIT:
             self.wait(work, outcome.waits_for)
         else:
             self.settle(work, outcome)
         self.ledger.finished(index, work, outcome.failed, outcome.ran)
+
+    def in_memory(self, work: UnitOfWork, outcome: Outcome) -> bool:
+        """Whether :meth:`finished` records this end in memory alone (its ack
+        owed to the next fetch): the event loop of async jobs then calls it
+        itself, else from a thread, as it may wait on Redis."""
+        # A recovered job is acknowledged at once, with its orphan counter:
+        # left owed, a kill before the next fetch would count it as orphaned
+        # again though it had finished (G19). A job holding a limiter's slot
+        # too: its release rides the call that settles it, now (SPEC 14).
+        return (
+            outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered and not work.holds
+        )
 
     def settle(self, work: UnitOfWork, outcome: Outcome) -> None:
         """Tells Redis how the job ended; on failure keeps it owed (G6)."""

@@ -11,6 +11,9 @@ Both drop a job whose ``expires`` deadline has passed as a worker does
 (``expiry.drop``: counted, logged, its unique lock released) instead of
 running it; ``drain(include_scheduled=True)`` moves due entries with the
 poller's script, which drops the expired ones itself.
+
+Both run ``async def`` jobs too, each on an event loop of its own
+(``execution.execute`` hands them to ``arun.run_here``).
 """
 
 from __future__ import annotations

@@ -192,3 +192,17 @@ def call(
         if not exc.args:
             exc.args = (f"job exceeded its timeout of {timeout_s:g}s",)
         raise
+
+
+def hard_limit(jid: str, hard_timeout_s: float) -> Limits:
+    """Arms a ``hard_timeout`` alone, for a run no exception may be sent to:
+    a coroutine on the event loop of ``async def`` jobs, whose ``timeout``
+    is a cancellation (``arun.py``) and whose thread is the loop's. Ended by
+    :func:`disarm`."""
+    limits = Limits(jid, None, hard_timeout_s)
+    _watchdog.arm(limits, None, time.monotonic() + hard_timeout_s)
+    return limits
+
+
+def disarm(limits: Limits) -> None:
+    _watchdog.disarm(limits)

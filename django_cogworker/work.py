@@ -29,6 +29,9 @@ class UnitOfWork:
     #: at its start or in its code, freed in the call that settles it.
     holds: tuple[Limiter, ...] = ()
     _payload: Payload | BadPayload | None = field(default=None, repr=False)
+    #: Runs isolated (recovered again, G3): an ``async def`` one then runs
+    #: in its thread, not on the event loop beside the others.
+    isolated: bool = False
 
     def payload(self) -> Payload:
         """The decoded payload (parsed once), or BadPayload (G13)."""

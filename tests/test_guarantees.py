@@ -28,6 +28,7 @@ import redis
 from django.db import connection, connections
 
 from django_cogworker import execution
+from django_cogworker import runs as job_runs
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.fetch import ReliableFetch
@@ -1058,9 +1059,7 @@ def test_g13_bad_payloads_are_filed_in_dead_with_raw_kept_and_the_worker_goes_on
 def test_g14_close_old_connections_runs_before_and_after_each_job_in_process(cog, db, monkeypatch):
     connection.ensure_connection()  # this thread has a connection to close
     events: list[tuple[str, int]] = []
-    monkeypatch.setattr(
-        execution, "close_old_connections", lambda: events.append(("close", len(cog.notes())))
-    )
+    monkeypatch.setattr(job_runs, "close_old_connections", lambda: events.append(("close", len(cog.notes()))))
     config = get_config()
     for job, args, kind in [
         (jobs.record, ("ok",), execution.ACK),
@@ -1079,7 +1078,7 @@ def test_g14_a_thread_that_never_opened_a_connection_has_none_to_close(cog, db, 
     database connection (it would close nothing), and made around every
     job once the thread has opened one: Django's connection_created says so."""
     calls: list[str] = []
-    monkeypatch.setattr(execution, "close_old_connections", lambda: calls.append("close"))
+    monkeypatch.setattr(job_runs, "close_old_connections", lambda: calls.append("close"))
     config = get_config()
     seen: list[tuple[int, int]] = []
 

@@ -85,9 +85,9 @@ class CogworkerBackend(BaseTaskBackend):
     until the poller moves it to its queue."""
 
     supports_async_task = True
-    """``async def`` tasks are awaited on an event loop of their own while the
-    worker thread waits (``Task.call``: asgiref's ``async_to_sync``, as in
-    Django's ImmediateBackend)."""
+    """``async def`` tasks are awaited on the worker's event loop, up to
+    ``ASYNC_CONCURRENCY`` at once beside its threads (SPEC section 15;
+    ``tasks/runner.py:arun``)."""
 
     supports_get_result = True
     """Results live in Redis, readable from any process, kept ``RESULT_TTL``

@@ -15,7 +15,8 @@ signals) comes through the :data:`FindOwner` the backend hands over with
 each task it registers.
 
 The job itself is an ordinary cogworker job: ``execution.execute`` runs it,
-the retry and dead machinery files it. A record write that fails after the
+the retry and dead machinery files it. An ``async def`` task's job is an
+``async def`` job (:func:`arun`), awaited on the worker's event loop. A record write that fails after the
 task ran is logged, never raised: raising would retry, and so re-run, a task
 that has already done its work. For the same reason a task's ``timeout``
 (armed around the whole job, this module's bookkeeping included) that runs
@@ -25,9 +26,8 @@ done again (:func:`_shielded`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import contextvars
+import functools
 import inspect
 import logging
 import os
@@ -35,10 +35,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
+from asgiref.sync import sync_to_async
 
 from django_cogworker import registry
 from django_cogworker.conf import DEFAULT_QUEUE
@@ -102,7 +102,7 @@ def register(task: Task, find_owner: FindOwner) -> None:
         retry = task_retry(task)
         registry.register(
             Job(
-                func=_runner(name, find_owner),
+                func=_runner(name, find_owner, inspect.iscoroutinefunction(task.func)),
                 name=name,
                 queue=task.queue_name or DEFAULT_QUEUE,
                 retry=True if retry is None else retry,
@@ -120,12 +120,19 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _runner(name: str, find_owner: FindOwner) -> Callable[..., Any]:
+def _runner(name: str, find_owner: FindOwner, coroutine: bool) -> Callable[..., Any]:
+    """The job's function: an ``async def`` one for an ``async def`` task,
+    which a worker then awaits on its event loop."""
+
     def run_task(*args: Any, **kwargs: Any) -> None:
         run(name, list(args), kwargs, find_owner)
 
-    run_task.__qualname__ = run_task.__name__ = name
-    return run_task
+    async def arun_task(*args: Any, **kwargs: Any) -> None:
+        await arun(name, list(args), kwargs, find_owner)
+
+    func = arun_task if coroutine else run_task
+    func.__qualname__ = func.__name__ = name
+    return func
 
 
 def _retry_in(name: str, find_owner: FindOwner) -> Callable[[int, BaseException], float | int | None]:
@@ -147,8 +154,60 @@ def _exhausted(find_owner: FindOwner) -> Callable[[Payload, BaseException], None
     return on_exhausted
 
 
+class _Attempt(NamedTuple):
+    """One attempt of a task under way: its record and where it lives."""
+
+    task: Task
+    client: redis.Redis
+    key: str
+    jid: str
+    record: Record
+    owner: Owner
+    #: The arguments the task's function is called with (its context first).
+    args: list[Any]
+
+
 def run(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwner) -> None:
     """One attempt of a task, inside a cogworker job."""
+    attempt = _start(name, args, kwargs, find_owner)
+    try:
+        value = attempt.task.call(*attempt.args, **kwargs)
+    except BaseException as exc:
+        _shielded(functools.partial(_failed, attempt, exc))
+        raise
+    _ended(attempt, name, value)
+
+
+T = TypeVar("T")
+
+
+def _shielded(step: Callable[[], T]) -> T:
+    """Runs one step of the bookkeeping that follows the task's own code,
+    under its ``timeout`` still (armed around the whole job): a
+    ``JobTimeout`` that lands in it came as the task returned, and comes
+    once, so the step is done again, whole. Let through, it would file a
+    task that did its work as failed, and its retry would run it twice."""
+    try:
+        return step()
+    except JobTimeout:
+        return step()
+
+
+async def arun(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwner) -> None:
+    """:func:`run` for an ``async def`` task, on the worker's event loop
+    (SPEC section 15): the task awaited there, its record writes and signals
+    in a thread, so that the loop never waits on them."""
+    attempt = await sync_to_async(_start, thread_sensitive=False)(name, args, kwargs, find_owner)
+    try:
+        value = await attempt.task.func(*attempt.args, **kwargs)
+    except BaseException as exc:
+        await sync_to_async(_failed, thread_sensitive=False)(attempt, exc)
+        raise
+    await sync_to_async(_ended, thread_sensitive=False)(attempt, name, value)
+
+
+def _start(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwner) -> _Attempt:
+    """The record says RUNNING, and ``task_started`` is sent."""
     ctx = current_job()
     if ctx is None:
         raise RuntimeError(f"{name} runs only inside a cogworker job; call the task function to run it here")
@@ -168,43 +227,32 @@ def run(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindOwne
     client.set(key, dumps(record), px=_ms(pending_ttl_s(record, options.result_ttl_s, now)))
     result = to_result(record, task)
     _send(task_started, owner.sender, result)
-    try:
-        value = _call(task, [TaskContext(task_result=result), *args] if task.takes_context else args, kwargs)
-    except BaseException as exc:
-        # Any BaseException, as Django's backends record SystemExit: the job
-        # fails (filed by execute() like a plain job's), so the record must
-        # say so, never stay RUNNING while the job waits in retry or dead.
-        record["errors"] = [*record.get("errors", []), error_entry(exc)]
-        record["status"] = TaskResultStatus.READY.value
-        ttl_s = pending_ttl_s(record, options.result_ttl_s, time.time())
-        _shielded(lambda: _save_quietly(client, key, record, ttl_s))
-        raise
-    done = _shielded(lambda: _succeeded(client, key, record, value, options.result_ttl_s, ctx.jid, name))
+    call_args = [TaskContext(task_result=result), *args] if task.takes_context else args
+    return _Attempt(task, client, key, ctx.jid, record, owner, call_args)
+
+
+def _failed(attempt: _Attempt, exc: BaseException) -> None:
+    # Any BaseException, as Django's backends record SystemExit: the job
+    # fails (filed by execute() like a plain job's), so the record must
+    # say so, never stay RUNNING while the job waits in retry or dead. A
+    # copy of the running record, so that done again it writes the same.
+    record = dict(attempt.record)
+    record["errors"] = [*record.get("errors", []), error_entry(exc)]
+    record["status"] = TaskResultStatus.READY.value
+    ttl_s = pending_ttl_s(record, attempt.owner.options.result_ttl_s, time.time())
+    _save_quietly(attempt.client, attempt.key, record, ttl_s)
+
+
+def _ended(attempt: _Attempt, name: str, value: Any) -> None:
+    done = _shielded(lambda: _succeeded(attempt, name, value))
     with contextlib.suppress(JobTimeout):  # see _shielded: the run succeeded all the same
-        _send(task_finished, owner.sender, to_result(done, task))
+        _send(task_finished, attempt.owner.sender, to_result(done, attempt.task))
 
 
-T = TypeVar("T")
-
-
-def _shielded(step: Callable[[], T]) -> T:
-    """Runs one step of the bookkeeping that follows the task's own code,
-    under its ``timeout`` still (armed around the whole job): a
-    ``JobTimeout`` that lands in it came as the task returned, and comes
-    once, so the step is done again, whole. Let through, it would file a
-    task that did its work as failed, and its retry would run it twice."""
-    try:
-        return step()
-    except JobTimeout:
-        return step()
-
-
-def _succeeded(
-    client: redis.Redis, key: str, running: Record, value: Any, ttl_s: float, jid: str, name: str
-) -> Record:
-    """Records a run that returned ``value``; ``running`` is left as it
-    was, so that done again the step writes the same record."""
-    record = dict(running, finished_at=time.time())
+def _succeeded(attempt: _Attempt, name: str, value: Any) -> Record:
+    """Records a run that returned ``value``; the running record is left as
+    it was, so that done again the step writes the same record."""
+    record = dict(attempt.record, finished_at=time.time())
     try:
         value = normalize_json(value)
         check_json(value)
@@ -213,7 +261,7 @@ def _succeeded(
         # returns. Failed, without a retry.
         logger.warning(
             "jid=%s %s failed (%s: %s): its return value is not JSON; result FAILED, no retry",
-            jid,
+            attempt.jid,
             name,
             type(exc).__name__,
             exc,
@@ -223,28 +271,8 @@ def _succeeded(
     else:
         record["status"] = TaskResultStatus.SUCCESSFUL.value
         record["return_value"] = value
-    _save_quietly(client, key, record, ttl_s)
+    _save_quietly(attempt.client, attempt.key, record, attempt.owner.options.result_ttl_s)
     return record
-
-
-def _call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    if not inspect.iscoroutinefunction(task.func) or not _event_loop_running():
-        return task.call(*args, **kwargs)
-    # testing.drain() called from an async test: in a thread that runs an
-    # event loop, asgiref cannot await the task for a synchronous caller. A
-    # thread of its own can, as a worker's threads run no loop; the copied
-    # context keeps current_job().
-    context = contextvars.copy_context()
-    with ThreadPoolExecutor(1, thread_name_prefix="cogworker-task") as pool:
-        return pool.submit(context.run, task.call, *args, **kwargs).result()
-
-
-def _event_loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def exhausted(payload: Payload, exc: BaseException, find_owner: FindOwner) -> None:

@@ -283,3 +283,7 @@ def expiring_fail(message: str = "boom") -> None:
 
 
 from testproject.testapp import limited_jobs as limited_jobs  # noqa: E402  (registers them)
+
+if os.environ.get("COGWORKER_TEST_ASYNC_JOBS"):
+    # A worker of tests/test_async_jobs.py: registers the async jobs too.
+    from testproject.testapp import async_jobs  # noqa: F401

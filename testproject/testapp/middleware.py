@@ -6,6 +6,7 @@ jobs of ``jobs.py``, so a test can see every call in any process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -52,3 +53,21 @@ class TagPayloads(ClientMiddleware):
 
     def enqueue(self, payload: Payload, *, at: float | None = None) -> Payload | None:
         return {**payload, "tagged_by": "TagPayloads"}
+
+
+class AsyncNotes(ServerMiddleware):
+    """A server middleware with an async form: notes which form ran."""
+
+    def before(self, payload: Payload) -> None:
+        _note("middleware", hook="before", jid=payload.get("jid"))
+
+    def after(self, payload: Payload, result: Result) -> None:
+        _note("middleware", hook="after", jid=payload.get("jid"), status=result.status)
+
+    async def abefore(self, payload: Payload) -> None:
+        await asyncio.sleep(0)
+        _note("middleware", hook="abefore", jid=payload.get("jid"))
+
+    async def aafter(self, payload: Payload, result: Result) -> None:
+        await asyncio.sleep(0)
+        _note("middleware", hook="aafter", jid=payload.get("jid"), status=result.status)

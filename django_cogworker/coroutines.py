@@ -1,0 +1,279 @@
+"""The event loop of ``async def`` jobs: one thread per worker process.
+
+Duties (SPEC section 15):
+
+- run up to ``ASYNC_CONCURRENCY`` coroutine jobs at once on one event-loop
+  thread, started only in a process where an ``async def`` job is
+  registered (:func:`wanted`): a process without one starts nothing and
+  its processors pay one test per job;
+- take the jobs the processor threads fetched (:meth:`Coroutines.run`): the
+  fetch and its accounting are the threads' (the same script, the same
+  in-progress list, the same ledger); a thread hands a coroutine job over
+  and fetches again, and blocks only while the loop is full. The job moves
+  in the ledger from the thread's index to one of the loop's
+  (``CONCURRENCY`` and up), so strays (G7), revival (G18) and the bound
+  (G19: ``CONCURRENCY + ASYNC_CONCURRENCY``) are judged as for any job;
+- record each job's end through ``Settler.finished``, once: on the loop
+  when that is done in memory (its ack owed to the next fetch,
+  ``Settler.in_memory``), else from a thread of its own, so that the loop
+  never waits on Redis for it; failures are filed by the same scripts (G6);
+- at shutdown (G8): hand over nothing more, let the jobs run until the
+  deadline (:meth:`drain`), then cancel the rest (:meth:`cancel`) for the
+  manager to put back with their interrupt count;
+- a crash of the loop's thread, or of its settling thread, stops the process
+  with a non-zero status rather than leaving half a worker.
+
+The loop's lag is watched from another thread (``loop_watch.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from django_cogworker import arun, registry, threads
+from django_cogworker.conf import Config
+from django_cogworker.ledger import Ledger
+from django_cogworker.loop_watch import LoopWatch
+from django_cogworker.outcomes import Outcome, dead_letter
+from django_cogworker.payload import Payload
+from django_cogworker.settle import Settler
+from django_cogworker.work import UnitOfWork
+
+logger = logging.getLogger("django_cogworker")
+
+#: How often a thread waiting for room on the full loop looks at quiet
+#: (it is woken as soon as a job ends).
+ROOM_WAIT_S = 0.25
+
+#: A full loop wakes the threads waiting for room once this many slots are
+#: free, not at each: one wake-up a batch.
+ROOM_BATCH = 8
+
+#: How long the shutdown waits for cancelled coroutines to end (the
+#: cancellation lands at their next ``await``) before those still going are
+#: put back as running ones are.
+CANCEL_GRACE_S = 1.0
+
+#: Jobs a fetch may bring ahead for the loop (each held in the ledger, G19),
+#: while it took one within FETCH_AHEAD_FOR_S: a coroutine job is handed over
+#: at once, so without it the threads would rarely wait, and each call would
+#: bring one job.
+FETCH_AHEAD = 16
+FETCH_AHEAD_FOR_S = 1.0
+
+#: A finished job, for the settling thread; None stops it.
+Done = tuple[int, UnitOfWork, Outcome] | None
+
+
+def wanted() -> bool:
+    """Whether this process registered an ``async def`` job."""
+    return any(job.coroutine for job in (registry.get(name) for name in registry.names()) if job)
+
+
+class Coroutines:
+    def __init__(
+        self,
+        config: Config,
+        ledger: Ledger,
+        settler: Settler,
+        quiet: threading.Event,
+        first_index: int,
+        on_crash: Callable[[], None],
+        on_blocked: Callable[[str, float], None],
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.settler = settler
+        self.quiet = quiet
+        self.size = config.async_concurrency
+        self.on_crash = on_crash
+        # The loop's ledger indices, after the threads'.
+        self._free = list(range(first_index + self.size - 1, first_index - 1, -1))
+        self._room = threading.Condition()
+        #: Made by :meth:`start` (and closed by its thread when it stops): a
+        #: process that never starts never has a loop to close.
+        self.loop: asyncio.AbstractEventLoop
+        self.watch: LoopWatch
+        self.on_blocked = on_blocked
+        #: The tasks on the loop (touched by the loop's thread only) -> the
+        #: job each runs, for the lag watch to name.
+        self.tasks: dict[asyncio.Task[None], UnitOfWork] = {}
+        #: Jobs whose coroutine ended by the shutdown's cancellation.
+        self.cancelled: list[UnitOfWork] = []
+        self._done: queue.SimpleQueue[Done] = queue.SimpleQueue()
+        #: Jobs handed over, for the loop to start (``_start``).
+        self._inbox: collections.deque[tuple[int, UnitOfWork, Payload]] = collections.deque()
+        self._woken = False
+        self.stopping = False
+        self.handed_at = -FETCH_AHEAD_FOR_S  # monotonic time of the last hand-over
+
+    # -- threads -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.watch = LoopWatch(self.loop, self.blocking_job, self.on_blocked)
+        threads.start("cogworker-loop", self._run_loop, self._crashed)
+        threads.start("cogworker-loop-settler", self._settle, self._crashed)
+        self.watch.start()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.watch.stop()
+            self.loop.close()
+        if not self.stopping:
+            raise RuntimeError("the event loop of async jobs stopped")
+
+    def _crashed(self, name: str) -> None:
+        if not self.stopping:
+            logger.critical("%s died: the async jobs cannot run; this process stops (exit status 1)", name)
+            self.on_crash()
+
+    # -- hand-over (processor threads) ---------------------------------------------
+
+    def run(self, index: int, work: UnitOfWork, payload: Payload) -> None:
+        """From processor thread ``index``, which started ``work`` in the
+        ledger: hands it to the loop, waiting while the loop is full (the
+        thread's slot holds the job meanwhile, G19). Once quiet, the job
+        goes back to its queue instead."""
+        with self._room:
+            while not self._free and not self.quiet.is_set():
+                self._room.wait(ROOM_WAIT_S)
+            slot = None if self.quiet.is_set() else self._free.pop()
+        if slot is None:
+            self.ledger.finished(index, work, None)
+            self.settler.give_back(work)
+            return
+        self.ledger.moved(index, slot)
+        self.handed_at = time.monotonic()
+        self._inbox.append((slot, work, payload))
+        if not self._woken:
+            # One wake-up of the loop for the jobs handed over meanwhile, not
+            # one each. (Two threads may both wake it: the second finds the
+            # inbox empty.) A closed loop (it crashed, and the process stops)
+            # refuses it: the job stays running in the ledger, and the
+            # shutdown puts it back.
+            self._woken = True
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        # Cleared first: a job handed over after the last pop below wakes
+        # the loop again.
+        self._woken = False
+        while self._inbox:
+            slot, work, payload = self._inbox.popleft()
+            # Each task runs in a copy of the loop thread's context:
+            # current_job() and the ThreadSensitiveContext set in one are not
+            # seen by another.
+            task = self.loop.create_task(self._one(slot, work, payload))
+            self.tasks[task] = work
+
+    async def _one(self, slot: int, work: UnitOfWork, payload: Payload) -> None:
+        try:
+            outcome = await arun.aexecute(work.raw, self.config, queue=work.queue, payload=payload)
+        except asyncio.CancelledError:
+            # The shutdown's: no outcome; the manager puts it back (G8).
+            self.cancelled.append(work)
+            return
+        except BaseException as exc:
+            # Only a bug of ours gets here (aexecute catches the job's own
+            # exceptions): filed in dead once, raw kept, as a thread does.
+            logger.exception("processing an async job failed unexpectedly; filing it in dead")
+            outcome = dead_letter(work.raw, exc, time.time())
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self.tasks.pop(task, None)
+        if self.settler.in_memory(work, outcome):
+            self._finished(slot, work, outcome)  # no Redis call: here, without a thread hop
+        else:
+            self._done.put((slot, work, outcome))
+
+    def _settle(self) -> None:
+        """The settling thread: the ends that tell Redis at once (a failure
+        filed, a recovered job acked), so the loop never waits on Redis."""
+        while True:
+            done = self._done.get()
+            if done is None:
+                return
+            self._finished(*done)
+
+    def _finished(self, slot: int, work: UnitOfWork, outcome: Outcome) -> None:
+        """Each end recorded once (``Settler.finished``), then the loop has
+        room for one more."""
+        try:
+            self.settler.finished(slot, work, outcome)
+        finally:
+            with self._room:
+                self._free.append(slot)
+                if len(self._free) == min(ROOM_BATCH, self.size):
+                    self._room.notify_all()
+
+    def room(self) -> int:
+        """How many more jobs a fetch may bring for the loop: up to
+        ``FETCH_AHEAD`` of its free slots while it has taken a job within
+        ``FETCH_AHEAD_FOR_S``, so that a stream of coroutine jobs costs one
+        call per batch, not one per job; none otherwise, so that a process
+        running plain jobs alone fetches as before."""
+        if time.monotonic() - self.handed_at > FETCH_AHEAD_FOR_S:
+            return 0
+        return min(len(self._free), FETCH_AHEAD)
+
+    def blocking_job(self) -> UnitOfWork | None:
+        """The job whose coroutine runs on the loop now (from another thread)."""
+        task = asyncio.current_task(self.loop)
+        return None if task is None else self.tasks.get(task)
+
+    # -- shutdown (G8) ---------------------------------------------------------------
+
+    def busy(self) -> int:
+        with self._room:
+            return self.size - len(self._free)
+
+    def drain(self, deadline: float) -> None:
+        """Waits until every job handed over has ended and been recorded, or
+        the deadline."""
+        with self._room:
+            while len(self._free) < self.size - len(self.cancelled):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._room.wait(min(left, ROOM_WAIT_S))
+
+    def cancel(self) -> set[bytes]:
+        """Cancels every coroutine still running; returns the raw payloads of
+        those that ended within ``CANCEL_GRACE_S`` (the others may still be
+        running: a coroutine that swallows its cancellation, or a blocked
+        loop)."""
+        self.stopping = True
+        if not hasattr(self, "loop"):
+            return set()  # never started
+
+        def cancel_all() -> None:
+            for task in list(self.tasks):
+                task.cancel()
+
+        try:
+            self.loop.call_soon_threadsafe(cancel_all)
+        except RuntimeError:
+            return set()  # the loop died (its crash stops the process): nothing ended by a cancel
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while self.tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ended = {work.raw for work in self.cancelled}
+        # Its thread closes the loop; a coroutine still going is put back by
+        # the caller as a job running at the deadline.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._done.put(None)
+        return ended
