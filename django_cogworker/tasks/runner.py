@@ -18,10 +18,8 @@ The job itself is an ordinary cogworker job: ``execution.execute`` runs it,
 the retry and dead machinery files it. An ``async def`` task's job is an
 ``async def`` job (:func:`arun`), awaited on the worker's event loop. A record write that fails after the
 task ran is logged, never raised: raising would retry, and so re-run, a task
-that has already done its work. For the same reason a task's ``timeout``
-(armed around the whole job, this module's bookkeeping included) that runs
-out as the task returns does not fail the run: the write it lands in is
-done again (:func:`_shielded`).
+that has already done its work; nor does a ``timeout`` that runs out as
+the task returns (:func:`_shielded`).
 """
 
 from __future__ import annotations
@@ -148,10 +146,7 @@ def _retry_in(name: str, find_owner: FindOwner) -> Callable[[int, BaseException]
 
 
 def _exhausted(find_owner: FindOwner) -> Callable[[Payload, BaseException], None]:
-    def on_exhausted(payload: Payload, exc: BaseException) -> None:
-        exhausted(payload, exc, find_owner)
-
-    return on_exhausted
+    return lambda payload, exc: exhausted(payload, exc, find_owner)
 
 
 class _Attempt(NamedTuple):
@@ -182,11 +177,10 @@ T = TypeVar("T")
 
 
 def _shielded(step: Callable[[], T]) -> T:
-    """Runs one step of the bookkeeping that follows the task's own code,
-    under its ``timeout`` still (armed around the whole job): a
-    ``JobTimeout`` that lands in it came as the task returned, and comes
-    once, so the step is done again, whole. Let through, it would file a
-    task that did its work as failed, and its retry would run it twice."""
+    """A step of the bookkeeping after the task's code, still under its
+    ``timeout`` (armed around the whole job): a ``JobTimeout`` in it came
+    as the task returned, and comes once, so the step is done again, whole;
+    let through, the task's retry would run it twice."""
     try:
         return step()
     except JobTimeout:
