@@ -138,7 +138,7 @@ def test_g23_basic_fetch_honours_a_concurrency_limit(cog: CogEnv) -> None:
 
 
 def test_g23_queue_limit_one_at_a_time_and_other_queues_run_meanwhile(cog: CogEnv) -> None:
-    cog.configure(QUEUES=["reports", "default"], QUEUE_LIMITS={"reports": 1})
+    cog.configure(QUEUES=["low", "default"], QUEUE_LIMITS={"low": 1})
     start_workers(cog, 2, CONCURRENCY=4)
     reports = {f"r{i}" for i in range(6)}
     others = {f"o{i}" for i in range(10)}
@@ -155,8 +155,8 @@ def test_g23_queue_limit_one_at_a_time_and_other_queues_run_meanwhile(cog: CogEn
     # The default queue's jobs did not wait behind the reports.
     assert last_other < last_report_start
     assert failed_count(cog) == 0
-    assert_settled(cog, "queue:reports")
-    print(f"\nQUEUE_LIMITS reports=1, 2 processes: max at once {gauge_max(cog, 'reports')}")
+    assert_settled(cog, "queue:low")
+    print(f"\nQUEUE_LIMITS low=1, 2 processes: max at once {gauge_max(cog, 'reports')}")
 
 
 def test_g23_dynamic_limit_per_account_serial_accounts_parallel_names_forgotten(cog: CogEnv) -> None:

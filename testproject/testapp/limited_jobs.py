@@ -73,6 +73,6 @@ def code_limited(seconds: float, tag: object = None) -> None:
         _gauged("in-code", seconds, tag)
 
 
-@job(queue="reports", retry=0)
+@job(queue="low", retry=0)
 def report(seconds: float, tag: object = None) -> None:
     _gauged("reports", seconds, tag)
