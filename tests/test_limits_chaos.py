@@ -176,10 +176,12 @@ def test_g23_g8_sigterm_of_a_holder_frees_its_slots_and_requeues_its_jobs(cog: C
     shorts = {f"short{i}" for i in range(4)}
     for tag in sorted(shorts):
         limited_jobs.erp_sync.delay(0.1, tag)
+    waiting_now = lambda: cog.redis.llen(cog.key("limit:erp:waiting:default"))  # noqa: E731
     wait_for(
-        lambda: holders(cog) == 2 and cog.redis.llen(cog.key("limit:erp:waiting:default")) == 4,
+        lambda: holders(cog) == 2 and waiting_now() == 4,
         15,
         "two holders and four waiting",
+        progress=lambda: (holders(cog), waiting_now(), len(cog.notes("started"))),
     )
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0
@@ -192,10 +194,11 @@ def test_g23_g8_sigterm_of_a_holder_frees_its_slots_and_requeues_its_jobs(cog: C
     queued = cog.redis.lrange(cog.key("queue:default"), 0, -1)
     waiting = cog.redis.lrange(cog.key("limit:erp:waiting:default"), 0, -1)
     retrying = cog.redis.zrange(cog.key("retry"), 0, -1)
-    assert len(queued) == 2 and cog.redis.zcard(cog.key("limit:erp:promoted")) == 2
+    state = (queued, waiting, retrying, worker.log()[-3000:])
+    assert len(queued) == 2 and cog.redis.zcard(cog.key("limit:erp:promoted")) == 2, state
     # G1: every job in exactly one place.
     places = [json.loads(raw)["args"][1] for raw in queued + waiting + retrying]
-    assert sorted(places) == sorted(shorts | {"long0", "long1"})
+    assert sorted(places) == sorted(shorts | {"long0", "long1"}), state
     cog.start_worker(CONCURRENCY=4).identity()
     wait_all_run(cog, shorts | {"long0", "long1"}, "every job after the restart")
     assert failed_count(cog) == 0
