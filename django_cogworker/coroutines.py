@@ -40,6 +40,7 @@ from collections.abc import Callable
 from django_cogworker import arun, registry, threads
 from django_cogworker.conf import Config
 from django_cogworker.ledger import Ledger
+from django_cogworker.limits import running
 from django_cogworker.loop_watch import LoopWatch
 from django_cogworker.outcomes import Outcome, dead_letter
 from django_cogworker.payload import Payload
@@ -194,6 +195,10 @@ class Coroutines:
             task = asyncio.current_task()
             if task is not None:
                 self.tasks.pop(task, None)
+        if running.code_holds:
+            # Slots its code took (acquire()) and could not release: freed
+            # with its settlement, from a thread (SPEC section 14).
+            work.holds += tuple(running.take_code_holds(work.jid))
         if self.settler.in_memory(work, outcome):
             self._finished(slot, work, outcome)  # no Redis call: here, without a thread hop
         else:
