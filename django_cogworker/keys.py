@@ -55,6 +55,9 @@ class Keys:
         self.limits = f"{n}:limits"
         self.limit_prefix = f"{n}:limit:"
         self.limit_held_prefix = f"{n}:limits:held:"
+        #: Every batch (SPEC section 13): bid -> created_at, epoch seconds.
+        self.batches = f"{n}:batches"
+        self.batch_prefix = f"{n}:batch:"
 
     def metrics_minute(self, minute: str) -> str:
         """The per-job metrics of ``minute`` (``MINUTE_FORMAT``, UTC)."""
@@ -72,6 +75,12 @@ class Keys:
     def limit_held(self, identity: str) -> str:
         """The slots a process holds: ``<limiter>\\0<jid>`` members (G23)."""
         return self.limit_held_prefix + identity
+
+    def batch(self, bid: str, part: str = "") -> str:
+        """A batch's hash (``part`` empty), or one of its parts: the sets
+        ``members``, ``pending``, ``failed``, ``succeeded``, ``dead``, the
+        hash ``results`` and the list ``order`` (docs/redis-layout.md)."""
+        return f"{self.batch_prefix}{bid}:{part}" if part else f"{self.batch_prefix}{bid}"
 
     def queue(self, name: str) -> str:
         return self.queue_prefix + name
