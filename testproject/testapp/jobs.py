@@ -282,6 +282,7 @@ def expiring_fail(message: str = "boom") -> None:
     raise ValueError(message)
 
 
+from testproject.testapp import batch_jobs as batch_jobs  # noqa: E402  (registers them)
 from testproject.testapp import limited_jobs as limited_jobs  # noqa: E402  (registers them)
 
 if os.environ.get("COGWORKER_TEST_ASYNC_JOBS"):

@@ -1,0 +1,283 @@
+"""G22, batches under single faults (SPEC section 13): a worker stopped
+past ORPHAN_THRESHOLD and continued (G18), members run a second time after
+a recovery, members retried, killed or deleted from the admin (its own
+pages, through Django's test client), a poison pill (G3), an expired
+member (section 14). Real Redis, real worker processes.
+
+In each, every callback fires once (``fired:<event>``, jid
+``<bid>-<event>``) when its condition is true and never otherwise, and a
+second completion of a member changes none of its batch's figures.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from typing import Any
+
+from django_cogworker import api, batch
+from testproject.testapp import batch_jobs, jobs
+from tests.conftest import CogEnv, wait_for
+from tests.test_admin import BASE, detail_url, messages_of
+from tests.test_batches_chaos import callbacks
+from tests.test_expires import expired_count, redis_now, wait_past
+from tests.test_guarantees import keys, leftovers, plant_dead_identity
+
+#: How long a wait may go without any progress.
+STALL_S = 30
+
+
+def callback_runs(cog: CogEnv) -> Counter[str]:
+    return Counter(n["jid"] for n in cog.notes("callbacks"))
+
+
+def callback_figures(cog: CogEnv, bid: str, event: str) -> dict[str, Any]:
+    [note] = [n for n in cog.notes("callbacks") if n["jid"] == f"{bid}-{event}"]
+    assert (note["event"], note["bid"]) == (event, bid), note
+    return dict(note["figures"])
+
+
+def wait_fired(cog: CogEnv, bid: str, event: str) -> None:
+    """Until ``event``'s callback has run."""
+    wait_for(
+        lambda: f"{bid}-{event}" in callback_runs(cog),
+        STALL_S,
+        f"the {event} callback of {bid}",
+        progress=lambda: (len(cog.notes()), leftovers(cog)),
+    )
+
+
+def fired(bid: str) -> list[str]:
+    return list(batch_jobs.figures(bid)["fired"])
+
+
+def go(cog: CogEnv, tag: str) -> None:
+    cog.redis.set(cog.key(f"test:go:{tag}"), 1)
+
+
+def ran(cog: CogEnv, jid: str, kind: str = "runs") -> int:
+    return sum(1 for n in cog.notes(kind) if n["jid"] == jid)
+
+
+def assert_settled_once(cog: CogEnv, bid: str, events: set[str]) -> None:
+    """``events`` fired, and their callbacks ran, once each; the others never."""
+    wait_for(lambda: not leftovers(cog).keys() - {"dead"}, STALL_S, "every callback run")
+    for event in ("success", "complete", "settled", "death"):
+        runs = callback_runs(cog)[f"{bid}-{event}"]
+        assert runs == (event in events), f"the {event} callback ran {runs} times"
+    assert set(fired(bid)) == events
+
+
+# -- G18: a stopped worker's late acks ---------------------------------------------------
+
+
+def test_g22_g18_a_worker_stopped_past_the_threshold_its_late_acks_change_nothing(cog: CogEnv) -> None:
+    cog.configure(CONCURRENCY=2, MAX_ORPHANINGS=10)
+    stopped = cog.start_worker()
+    stopped.identity()
+    with batch(description="revival", **callbacks()) as b:
+        slow = [batch_jobs.slow_first.delay(8, f"slow-{i}") for i in range(2)]
+        quick = batch_jobs.member.delay_many([((0.01, f"quick-{i}"), {}) for i in range(10)])
+    wait_for(
+        lambda: {n["jid"] for n in cog.notes("started") if n["pid"] == stopped.pid} >= set(slow),
+        STALL_S,
+        "both slow members running in the process to stop",
+    )
+    stopped.signal(signal.SIGSTOP)
+    try:
+        other = cog.start_worker(CONCURRENCY=4)
+        # Its jobs recovered past ORPHAN_THRESHOLD, and run (quickly) by the other.
+        wait_fired(cog, b.bid, "settled")
+        before = batch_jobs.figures(b.bid)
+        other.signal(signal.SIGTERM)
+        assert other.wait(30) == 0
+        stopped.signal(signal.SIGCONT)
+        # Its two runs end, and their acks are sent before each thread fetches
+        # again: once a probe ran on each of its two threads, both were sent.
+        for i in range(4):
+            batch_jobs.probe.delay(0.3, i)
+        wait_for(
+            lambda: len({n["thread"] for n in cog.notes("probes") if n["pid"] == stopped.pid}) == 2,
+            STALL_S,
+            "a probe run on both threads of the continued process",
+        )
+    finally:
+        stopped.signal(signal.SIGCONT)
+    late = [n for n in cog.notes() if n["pid"] == stopped.pid and n["jid"] in slow]
+    assert len(late) == 2, "the continued process did not finish its runs: the test proved nothing"
+    assert all(ran(cog, jid) == 2 for jid in slow), "recovered, each slow member ran on the other too"
+    after = batch_jobs.figures(b.bid)
+    assert after == before, f"a late ack changed the batch: {before} -> {after}"
+    assert (after["total"], after["succeeded"]) == (len(slow) + len(quick), len(slow) + len(quick))
+    assert_settled_once(cog, b.bid, {"success", "complete", "settled"})
+    recovered = sum(w.log().count("left in progress by dead process") for w in cog.workers)
+    print(f"\nSIGSTOP past the threshold: {recovered} recovery, {len(late)} late acks, figures {after}")
+
+
+# -- a member run twice --------------------------------------------------------------------
+
+
+def test_g22_members_run_again_after_a_recovery_change_nothing_before_or_after_settling(cog: CogEnv) -> None:
+    """A copy of finished members (one succeeded, one dead) on a dead
+    process's list: recovered, they run again, and their second ends find
+    them moved already."""
+    cog.configure(MAX_ORPHANINGS=10)
+    with batch(description="re-runs", **callbacks()) as b:
+        batch_jobs.gated.delay("gate")
+        again = batch_jobs.member.delay_many([((0, f"x{i}"), {}) for i in range(3)])
+        dead = batch_jobs.doomed.delay("dead")
+    queued = cog.redis.lrange(keys().queue("default"), 0, -1)
+    copies = [raw for raw in queued if json.loads(raw)["jid"] in {*again, dead}]
+    assert len(copies) == 4
+    cog.start_worker().identity()
+    wait_fired(cog, b.bid, "death")
+    wait_for(lambda: all(ran(cog, jid) for jid in again), STALL_S, "the members to run")
+    before = batch_jobs.figures(b.bid)
+    assert (before["pending"], before["succeeded"], before["dead"], before["fired"]) == (1, 3, 1, ["death"])
+
+    for attempt, identity in ((2, "host:1:rerun-open"), (3, "host:2:rerun-settled")):
+        plant_dead_identity(cog, identity, copies)
+        wait_for(
+            lambda attempt=attempt: (
+                all(ran(cog, jid) == attempt for jid in again)
+                and ran(cog, dead, "doomed") == attempt
+                and not leftovers(cog).keys() - {"dead"}
+            ),
+            STALL_S,
+            "the copies to run and end",
+        )
+        assert batch_jobs.figures(b.bid) == before, "a second end changed the batch"
+        if attempt == 2:
+            # Open still: the gate lets it settle, then the copies run once more.
+            assert callback_runs(cog)[f"{b.bid}-death"] == 1
+            go(cog, "gate")
+            wait_fired(cog, b.bid, "settled")
+            before = batch_jobs.figures(b.bid)
+    assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
+    print(f"\nmembers run 3 times each: figures {before}, callbacks {dict(callback_runs(cog))}")
+
+
+# -- the admin -----------------------------------------------------------------------------
+
+
+def test_g22_dead_members_retried_from_the_admin_before_settling_bring_success_back(
+    cog: CogEnv, superclient: Any
+) -> None:
+    cog.start_worker().identity()
+    with batch(description="retried by hand", **callbacks()) as b:
+        batch_jobs.gated.delay("gate")
+        one = batch_jobs.doomed_once.delay("one")  # retried from its own page
+        two = batch_jobs.doomed_once.delay("two")  # retried with the bulk action
+        batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(5)])
+    wait_for(lambda: batch_jobs.figures(b.bid)["dead"] == 2, STALL_S, "both members dead")
+    wait_fired(cog, b.bid, "death")
+    assert callback_figures(cog, b.bid, "death")["dead"] >= 1
+
+    record = api.DeadSet().find(str(one))
+    assert record is not None
+    response = superclient.post(detail_url("dead", record) + "action/", {"action": "retry"}, follow=True)
+    assert f"Retried job {one}" in " ".join(messages_of(response))
+    record = api.DeadSet().find(str(two))
+    assert record is not None
+    response = superclient.post(
+        BASE + "dead/action/",
+        {"action": "retry", "_selected_action": [record.id], "post": "yes"},
+        follow=True,
+    )
+    assert "Retried 1 of 1 jobs" in " ".join(messages_of(response))
+    wait_for(lambda: ran(cog, str(one)) and ran(cog, str(two)), STALL_S, "the retried members to succeed")
+    seen = batch_jobs.figures(b.bid)
+    assert (seen["dead"], seen["failed"], seen["pending"], seen["fired"]) == (0, 0, 1, ["death"]), seen
+    go(cog, "gate")
+    wait_fired(cog, b.bid, "settled")
+    assert_settled_once(cog, b.bid, {"death", "success", "complete", "settled"})
+    success = callback_figures(cog, b.bid, "success")
+    assert success["succeeded"] == success["total"] == 8 and success["dead"] == 0, success
+    print(f"\nadmin retries: fired {fired(b.bid)}, callback runs {dict(callback_runs(cog))}")
+
+
+def test_g22_members_killed_or_deleted_from_the_admin_count_as_dead(cog: CogEnv, superclient: Any) -> None:
+    cog.start_worker().identity()
+    names = ("deleted", "bulk-deleted", "killed", "cleared")
+    with batch(description="removed by hand", **callbacks()) as b:
+        batch_jobs.gated.delay("gate")
+        jids = {name: str(batch_jobs.fail_into_retry.delay(name)) for name in names}
+        batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(3)])
+    wait_for(lambda: batch_jobs.figures(b.bid)["failed"] == 4, STALL_S, "the four members waiting in retry")
+
+    def record(name: str) -> api.JobRecord:
+        found = api.RetrySet().find(jids[name])
+        assert found is not None, name
+        return found
+
+    superclient.post(detail_url("retries", record("deleted")) + "action/", {"action": "delete"})
+    wait_fired(cog, b.bid, "death")
+    for name, action in (("bulk-deleted", "delete"), ("killed", "kill")):
+        done = superclient.post(
+            BASE + "retries/action/",
+            {"action": action, "_selected_action": [record(name).id], "post": "yes"},
+            follow=True,
+        )
+        assert "1 of 1 jobs" in " ".join(messages_of(done)), name
+    # "Delete" on every job of the Retry page, no filter: the last one.
+    superclient.post(BASE + "retries/action/", {"action": "delete", "select_across": "1", "post": "yes"})
+    assert api.RetrySet().size == 0
+    seen = batch_jobs.figures(b.bid)
+    assert (seen["dead"], seen["failed"], seen["pending"]) == (4, 0, 1), seen
+    go(cog, "gate")
+    wait_fired(cog, b.bid, "settled")
+    assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
+    assert [record.jid for record in api.DeadSet()] == [jids["killed"]]
+    print(f"\nadmin kill/delete: {batch_jobs.figures(b.bid)}, callback runs {dict(callback_runs(cog))}")
+
+
+# -- a poison pill, an expired member --------------------------------------------------------
+
+
+def test_g22_a_poison_pill_member_counts_as_dead_and_death_fires_once(cog: CogEnv) -> None:
+    cog.configure(MAX_ORPHANINGS=1, CONCURRENCY=2)
+    with batch(description="poison", **callbacks()) as b:
+        pill = jobs.kill_own_process.delay()
+        batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(5)])
+    workers = [cog.start_worker(), cog.start_worker()]
+    restarts = 0
+
+    def supervise() -> bool:
+        """Restarts dead workers, as systemd would."""
+        nonlocal restarts
+        for index, worker in enumerate(workers):
+            if not worker.alive():
+                worker.wait(5)
+                workers[index] = cog.start_worker()
+                restarts += 1
+        return "settled" in fired(b.bid)
+
+    wait_for(supervise, 60, "the batch to settle with its poison pill parked")
+    [entry] = [json.loads(raw) for raw in cog.redis.zrange(keys().dead, 0, -1)]
+    assert (entry["jid"], entry["error_class"]) == (pill, "ProcessDied")
+    wait_for(lambda: not leftovers(cog).keys() - {"dead"}, STALL_S, "every callback run")
+    # A callback killed with its process by the pill may run again: fired once all the same.
+    runs = callback_runs(cog)
+    for event in ("death", "complete", "settled"):
+        assert 1 <= runs[f"{b.bid}-{event}"] <= 1 + restarts, (event, runs)
+    assert runs[f"{b.bid}-success"] == 0
+    assert set(fired(b.bid)) == {"death", "complete", "settled"}
+    seen = batch_jobs.figures(b.bid)
+    assert (seen["dead"], seen["succeeded"], seen["total"]) == (1, 5, 6), seen
+    print(f"\npoison pill: {restarts} restarts, callback runs {dict(runs)}")
+
+
+def test_g22_an_expired_member_counts_as_succeeded(cog: CogEnv) -> None:
+    with batch(description="expiry", **callbacks()) as b:
+        expiring = jobs.expiring.delay("expired")  # expires=1
+        batch_jobs.member.delay(0, "fresh")
+    wait_past(cog, redis_now(cog) + 1)
+    cog.start_worker().identity()
+    wait_fired(cog, b.bid, "settled")
+    assert_settled_once(cog, b.bid, {"success", "complete", "settled"})
+    assert expired_count(cog) == 1
+    assert ran(cog, str(expiring)) == 0
+    seen = batch_jobs.figures(b.bid)
+    assert (seen["succeeded"], seen["total"], seen["dead"]) == (2, 2, 0), seen
+    print(f"\nexpired member: figures {seen}, callback runs {dict(callback_runs(cog))}")
