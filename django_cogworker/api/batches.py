@@ -112,6 +112,15 @@ class Batch:
                 skipped.append(f"{key} is not a set: its members are not listed")
         return Listing(sorted(found), skipped)
 
+    def retry_dead(self) -> int:
+        """Puts the batch's dead members back on their queues, each counted
+        live again (dead -> failed) while the batch has not settled; returns
+        how many. Needs the workflows engine's retry."""
+        raise NotImplementedError(
+            f"Batch {self.bid}: retrying its dead members is not available yet: this build has no "
+            "workflows engine to count them live again; nothing was retried."
+        )
+
     @redis_boundary("delete a batch")
     def delete(self) -> bool:
         """Removes the batch's keys and its index entry: its callbacks will
