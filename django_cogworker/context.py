@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextvars
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -13,6 +14,9 @@ class JobContext:
     queue: str
     retry_count: int
     name: str
+    #: The payload of a job in a workflow (a batch's member or callback, a
+    #: chain's step: SPEC section 13), None for any other.
+    workflow: dict[str, Any] | None = field(default=None, repr=False)
 
     def remaining(self) -> float | None:
         """Seconds left before the job's ``timeout``: None, as this job has

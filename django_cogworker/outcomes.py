@@ -51,6 +51,11 @@ class Outcome:
     interrupted: BaseException | None = None
     #: WAIT: the full limiter (a ``limits.Limiter``).
     waits_for: Any = None
+    #: The payload of a workflow's job (SPEC section 13): its end is sent at
+    #: once, with its effects (``workflows/effects.py``); None for any other.
+    workflow: Payload | None = None
+    #: A chord member's or chain step's return value, as JSON.
+    result: str | None = None
 
     def encoded(self) -> bytes:
         assert self.payload is not None
