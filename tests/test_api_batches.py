@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from django_cogworker import api
+from django_cogworker import api, batch
 from django_cogworker.errors import BatchNotFound, CogworkerError, RedisUnavailable
 from django_cogworker.payload import encode
+from testproject.testapp import workflow_jobs as wf
+from tests.conftest import wait_for
 
 MEMBER = "testproject.testapp.jobs.record"
 
@@ -150,6 +152,32 @@ def test_a_batch_deleted_meanwhile_raises_on_the_next_read(cog):
     assert cog.redis.keys(cog.key("batch*")) == [] and cog.redis.zcard(cog.key("batches")) == 0
     with pytest.raises(TypeError):
         api.Batch(7)  # type: ignore[arg-type]
+
+
+def test_g22_a_real_batchs_figures_are_exact_once_it_settled(cog):
+    with batch(description="real", on_death=wf.callback.s("dead"), on_settled=wf.callback.s("fin")) as b:
+        for i in range(6):
+            wf.member.delay(i)
+        wf.die.delay("x")
+    opened = api.Batch(b.bid).figures()
+    assert (opened.total, opened.pending, opened.succeeded, opened.dead, opened.settled) == (
+        7,
+        7,
+        0,
+        0,
+        False,
+    )
+    assert [f.bid for f in api.BatchSet()] == [b.bid]
+    cog.start_worker()
+    wait_for(lambda: api.Batch(b.bid).settled, 30, "the batch settled")
+    figures = api.Batch(b.bid).figures()
+    assert (figures.total, figures.pending, figures.succeeded, figures.dead) == (7, 0, 6, 1)
+    assert set(figures.fired) == {"death", "complete", "settled"} and figures.malformed == ()
+    assert [c.jid for c in figures.callbacks] == [f"{b.bid}-death", f"{b.bid}-settled"]
+    assert figures.created_at == pytest.approx(time.time(), abs=60) and figures.description == "real"
+    assert 0 < figures.expires_in_s <= 7 * 86400  # BATCH_DONE_TTL
+    [dead] = api.Batch(b.bid).dead_jids()
+    assert [(p.kind, p.record.name) for p in api.places(b.bid, [dead])] == [("dead", wf.die.name)]
 
 
 # -- the index -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 
-from django_cogworker.api.batch_figures import OPEN_SENTINEL, PARTS, BatchFigures, batch_figures
+from django_cogworker.api.batch_figures import OPEN_SENTINEL, BatchFigures, batch_figures
 from django_cogworker.api.parsing import Listing, is_wrong_type, unless_wrong_type
 from django_cogworker.api.records import PAGE_SIZE
 from django_cogworker.connection import get_keys, get_redis
@@ -128,7 +128,7 @@ class Batch:
         whose completion finds no batch. True if there was one."""
         k = get_keys()
         pipe = get_redis().pipeline(transaction=False)
-        pipe.delete(k.batch(self.bid), *(k.batch(self.bid, p) for p in (*PARTS, "results", "order")))
+        pipe.delete(*k.batch_keys(self.bid))
         pipe.zrem(k.batches, self.bid)
         deleted, _ = pipe.execute()
         return bool(deleted)
