@@ -22,9 +22,7 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.keys import Keys
 from django_cogworker.payload import text
-
-#: The events of a batch, in the order they fire when several fire at once.
-EVENTS = ("success", "complete", "death", "settled")
+from django_cogworker.workflows.batch import EVENTS
 
 #: The member of ``pending`` that keeps a batch open while it is pushed.
 OPEN_SENTINEL = ":open"
