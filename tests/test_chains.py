@@ -1,0 +1,155 @@
+"""Chains and chords (SPEC section 13, G22) with real worker processes on a
+real Redis: results handed on (``.si()`` takes none), a dead step that stops
+a chain and its retry from the admin's API that resumes it, a chord's body
+with its results in header order, once, and never after a death; a return
+value too large fails clearly; a second completion of one member changes
+nothing; a plain job's worker path sends what it sent before.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import redis
+
+from django_cogworker import api, batch, chain, chord, group
+from django_cogworker.conf import get_config
+from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.ledger import ACK
+from django_cogworker.payload import decode
+from django_cogworker.scripts import script
+from django_cogworker.work import UnitOfWork
+from django_cogworker.workflows.ends import settle_flow
+from testproject.testapp import jobs
+from testproject.testapp import workflow_jobs as wf
+from tests.conftest import CogEnv, wait_for
+from tests.test_batches import STALL_S, batch_hash, members, wait_callbacks, wait_settled
+
+
+def tags(cog: CogEnv) -> list[Any]:
+    return [r["tag"] for r in cog.notes("runs")]
+
+
+def wait_runs(cog: CogEnv, count: int) -> list[Any]:
+    wait_for(lambda: len(tags(cog)) >= count, STALL_S, f"{count} runs", progress=lambda: len(tags(cog)))
+    return tags(cog)
+
+
+def test_g22_chain_hands_each_result_on_and_si_takes_none(cog: CogEnv) -> None:
+    jid = chain(wf.add.s(1, 2), wf.double.s(), wf.add.si(10, 5), wf.double.s()).delay()
+    first = decode(cog.redis.lindex(cog.key("queue:default"), 0))
+    assert first["jid"] == jid and len(first["chain"]) == 3
+    cog.start_worker()
+    assert wait_runs(cog, 4) == [[1, 2], 3, [10, 5], 15]
+    assert cog.redis.llen(cog.key("queue:default")) == 0
+
+
+def test_g22_a_dead_step_stops_the_chain_and_its_retry_resumes_it(cog: CogEnv) -> None:
+    chain(wf.add.s(1, 1), wf.dies_in_chain.s(), wf.double.s()).delay()
+    cog.start_worker()
+    wait_for(lambda: api.DeadSet().size == 1, STALL_S, "the dying step in dead")
+    assert tags(cog) == [[1, 1], 2], "the chain stopped at its dead step"
+    (entry,) = list(api.DeadSet())
+    assert entry.payload["chain"][0]["name"] == wf.double.name, "the rest of the chain is in the dead entry"
+    cog.redis.set(cog.key("test:heal"), "1")
+    assert entry.retry()
+    assert wait_runs(cog, 4) == [[1, 1], 2, 2, 102], "double(102): the healed step's result"
+
+
+def test_g22_chord_body_gets_results_in_header_order_once(cog: CogEnv) -> None:
+    bid = chord(group(wf.member.s(i) for i in range(30)), wf.collect.s("body")).delay()
+    cog.start_worker()
+    cog.start_worker()
+    (body,) = wait_callbacks(cog, 1)
+    assert body["results"] == list(range(30))
+    assert body["jid"] == f"{bid}-success" and body["bid"] == bid and body["event"] == "success"
+    wait_settled(cog, bid)
+    assert len(cog.notes("callbacks")) == 1
+
+
+def test_g22_a_dead_chord_member_means_no_body_and_on_death(cog: CogEnv) -> None:
+    bid = chord(
+        [wf.member.s(1), wf.die.s(2), wf.member.s(3)],
+        wf.collect.s("body"),
+        on_death=wf.callback.s("dead"),
+        on_settled=wf.callback.s("fin"),
+    ).delay()
+    cog.start_worker()
+    wait_settled(cog, bid)
+    runs = wait_callbacks(cog, 2)
+    assert sorted(r["tag"] for r in runs) == ["dead", "fin"]
+    assert "fired:success" not in batch_hash(cog, bid)
+
+
+def test_a_result_too_large_fails_the_member_clearly(cog: CogEnv) -> None:
+    cog.configure(BATCH_RESULT_MAX_BYTES=1000)
+    chord([wf.huge.s(2000)], wf.collect.s("body")).delay()
+    cog.start_worker()
+    wait_for(lambda: api.RetrySet().size == 1, STALL_S, "the member in retry")
+    (entry,) = list(api.RetrySet())
+    assert "more than BATCH_RESULT_MAX_BYTES (1000)" in entry.payload["error_message"]
+    assert entry.payload["error_class"].endswith("ResultRefused")
+
+
+def test_g22_a_chain_keeps_its_batch_open_until_its_last_step(cog: CogEnv) -> None:
+    with batch(on_settled=wf.callback.s("fin")) as b:
+        chain(wf.add.s(1, 1), wf.double.s(), wf.double.s()).delay()
+    cog.start_worker()
+    (fin,) = wait_callbacks(cog, 1)
+    assert tags(cog) == [[1, 1], 2, 4]
+    assert fin["at"] >= max(r["at"] for r in cog.notes("runs"))
+    assert len(members(cog, b.bid, "succeeded")) == 3
+
+
+def test_g22_a_second_completion_of_a_member_changes_nothing(cog: CogEnv) -> None:
+    """A re-run's completion (the same raw payload acknowledged again, found
+    on a list again) moves nothing and fires nothing twice."""
+    with batch(on_success=wf.callback.s("ok"), on_settled=wf.callback.s("fin")) as b:
+        jobs.record.delay("only")
+    client, keys = get_redis(), get_keys()
+    ctx = SimpleNamespace(client=client, keys=keys, config=get_config())
+    inprogress = keys.inprogress("test-identity")
+    raw = client.rpop(keys.queue("default"))
+    for _ in range(2):
+        client.lpush(inprogress, raw)
+        work = UnitOfWork("default", raw)
+        settle_flow(ctx, inprogress, work, ACK, work.payload())  # type: ignore[arg-type]
+        assert members(cog, b.bid, "succeeded") == {work.jid}
+        assert cog.redis.zcard(keys.schedule) == 2, "on_success and on_settled, once"
+    state = batch_hash(cog, b.bid)
+    assert {"fired:success", "fired:complete", "fired:settled"} <= set(state)
+
+
+def test_a_plain_jobs_worker_path_sends_no_workflow_call(cog: CogEnv) -> None:
+    """200 plain jobs: no ack.lua per job (their acks ride the fetches),
+    no file.lua, no command on a batch key."""
+    shas = {script(name).sha: name for name in ("ack", "file", "batch_open")}
+    seen: list[str] = []
+    stop = threading.Event()
+    monitor_client = redis.Redis.from_url(cog.url).connection_pool.get_connection()
+    monitor_client.send_command("MONITOR")
+    monitor_client.read_response()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if monitor_client.can_read(timeout=0.1):
+                seen.append(str(monitor_client.read_response()))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        jobs.record.delay_many([((i,), {}) for i in range(200)])
+        cog.start_worker()
+        wait_runs(cog, 200)
+        wait_for(lambda: cog.redis.llen(cog.key("queue:default")) == 0, STALL_S, "the queue drained")
+    finally:
+        stop.set()
+        watcher.join(5)
+        monitor_client.disconnect()
+    ours = [line for line in seen if cog.namespace in line or any(sha in line for sha in shas)]
+    acks = sum(1 for line in ours if script("ack").sha in line)
+    assert acks <= 10, f"{acks} ack.lua calls for 200 plain jobs"
+    assert not any(script("file").sha in line for line in ours)
+    assert not any(":batch" in line for line in ours)
