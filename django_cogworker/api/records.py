@@ -109,6 +109,9 @@ class JobRecord:
     retried_at = property(lambda self: self._get("retried_at"))
     enqueued_at = property(lambda self: self._get("enqueued_at"))
     created_at = property(lambda self: self._get("created_at"))
+    #: The batch it is a member of (SPEC section 13), or of which it is a
+    #: callback (``cb``); "" for a plain job, or when the field is no text.
+    bid = property(lambda self: b if isinstance(b := self._get("bid"), str) else "")
 
     @property
     def at(self) -> dt.datetime | None:
@@ -116,8 +119,15 @@ class JobRecord:
         return None if self.score is None else dt.datetime.fromtimestamp(self.score, tz=dt.UTC)
 
     def matches(
-        self, *, name: str | None = None, queue: str | None = None, search: str | None = None
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        bid: str | None = None,
     ) -> bool:
+        if bid and self.bid != bid:
+            return False
         if name and self.name != name:
             return False
         if queue and self.queue != queue:
