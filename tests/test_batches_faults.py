@@ -22,7 +22,7 @@ from tests.conftest import CogEnv, wait_for
 from tests.test_admin import BASE, detail_url, messages_of
 from tests.test_batches_chaos import callbacks
 from tests.test_expires import expired_count, redis_now, wait_past
-from tests.test_guarantees import keys, leftovers, plant_dead_identity
+from tests.test_guarantees import keys, leftovers, plant_dead_identity, where_jobs_are
 
 #: How long a wait may go without any progress.
 STALL_S = 30
@@ -58,6 +58,12 @@ def go(cog: CogEnv, tag: str) -> None:
 
 def ran(cog: CogEnv, jid: str, kind: str = "runs") -> int:
     return sum(1 for n in cog.notes(kind) if n["jid"] == jid)
+
+
+def at_rest(cog: CogEnv, jids: list[str]) -> bool:
+    """None of ``jids`` is queued, running or waiting: each has ended (dead is an end)."""
+    places = where_jobs_are(cog)[0]
+    return all(set(places.get(jid, [])) <= {"dead"} for jid in jids)
 
 
 def assert_settled_once(cog: CogEnv, bid: str, events: set[str]) -> None:
@@ -142,7 +148,7 @@ def test_g22_members_run_again_after_a_recovery_change_nothing_before_or_after_s
             lambda attempt=attempt: (
                 all(ran(cog, jid) == attempt for jid in again)
                 and ran(cog, dead, "doomed") == attempt
-                and not leftovers(cog).keys() - {"dead"}
+                and at_rest(cog, [*again, dead])
             ),
             STALL_S,
             "the copies to run and end",
@@ -199,12 +205,12 @@ def test_g22_dead_members_retried_from_the_admin_before_settling_bring_success_b
 
 def test_g22_members_killed_or_deleted_from_the_admin_count_as_dead(cog: CogEnv, superclient: Any) -> None:
     cog.start_worker().identity()
-    names = ("deleted", "bulk-deleted", "killed", "cleared")
+    names = ("deleted", "bulk-deleted", "killed")
     with batch(description="removed by hand", **callbacks()) as b:
         batch_jobs.gated.delay("gate")
         jids = {name: str(batch_jobs.fail_into_retry.delay(name)) for name in names}
         batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(3)])
-    wait_for(lambda: batch_jobs.figures(b.bid)["failed"] == 4, STALL_S, "the four members waiting in retry")
+    wait_for(lambda: batch_jobs.figures(b.bid)["failed"] == 3, STALL_S, "the three members waiting in retry")
 
     def record(name: str) -> api.JobRecord:
         found = api.RetrySet().find(jids[name])
@@ -220,16 +226,34 @@ def test_g22_members_killed_or_deleted_from_the_admin_count_as_dead(cog: CogEnv,
             follow=True,
         )
         assert "1 of 1 jobs" in " ".join(messages_of(done)), name
-    # "Delete" on every job of the Retry page, no filter: the last one.
-    superclient.post(BASE + "retries/action/", {"action": "delete", "select_across": "1", "post": "yes"})
-    assert api.RetrySet().size == 0
     seen = batch_jobs.figures(b.bid)
-    assert (seen["dead"], seen["failed"], seen["pending"]) == (4, 0, 1), seen
+    assert (seen["dead"], seen["failed"], seen["pending"]) == (3, 0, 1), seen
     go(cog, "gate")
     wait_fired(cog, b.bid, "settled")
     assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
     assert [record.jid for record in api.DeadSet()] == [jids["killed"]]
     print(f"\nadmin kill/delete: {batch_jobs.figures(b.bid)}, callback runs {dict(callback_runs(cog))}")
+
+
+def test_g22_members_cleared_with_their_whole_set_or_queue_from_the_admin_count_as_dead(
+    cog: CogEnv, superclient: Any
+) -> None:
+    """ "Delete" on every job of the Retry page (no filter), and "Clear
+    queue": the members they delete count as dead, as when deleted one by one."""
+    cog.start_worker().identity()  # serves "default" only: the members on "mail" stay queued
+    with batch(description="cleared by hand", **callbacks()) as b:
+        batch_jobs.gated.delay("gate")
+        in_retry = str(batch_jobs.fail_into_retry.delay("cleared"))
+        batch_jobs.member.set(queue="mail").delay_many([((0, f"m{i}"), {}) for i in range(3)])
+    wait_for(lambda: api.RetrySet().find(in_retry) is not None, STALL_S, "the member waiting in retry")
+    superclient.post(BASE + "retries/action/", {"action": "delete", "select_across": "1", "post": "yes"})
+    superclient.post(BASE + "queues/mail/clear/")
+    assert api.RetrySet().size == 0 and api.Queue("mail").size == 0
+    seen = batch_jobs.figures(b.bid)
+    assert (seen["dead"], seen["failed"], seen["pending"]) == (4, 0, 1), seen
+    go(cog, "gate")
+    wait_fired(cog, b.bid, "settled")
+    assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
 
 
 # -- a poison pill, an expired member --------------------------------------------------------
