@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_cogworker import batch
+from django_cogworker import api, batch
 from testproject.testapp import batch_jobs
 from tests.conftest import CogEnv, Worker
 from tests.test_chaos import (
@@ -114,6 +114,10 @@ def sampling(every_s: float = 0.05) -> Iterator[Sampling]:
             for bid in list(state.bids):
                 seen = batch_jobs.figures(bid)
                 state.faults += figure_faults(bid, seen, last.get(bid))
+                # What api.Batch shows (read without MULTI: its figures need not add up mid-move).
+                shown = api.Batch(bid).figures()
+                if min(shown.total, shown.pending, shown.failed, shown.succeeded, shown.dead) < 0:
+                    state.faults.append(f"batch {bid}: api.Batch shows a negative figure: {shown}")
                 last[bid] = seen
                 state.samples += 1
             done.wait(every_s)
@@ -240,14 +244,27 @@ def assert_callbacks_once(chaos: Chaos, opened: list[Opened]) -> str:
                 assert first["at"] >= max(ended[j] for j in o.members + o.doomed), jid
         final = batch_jobs.figures(o.bid)
         assert final["pending"] == final["failed"] == 0 and not final["open"], final
+        shown = api.Batch(o.bid)
+        assert (shown.total, shown.succeeded, shown.dead, shown.pending, shown.settled) == (
+            len(o.members + o.doomed),
+            len(o.members),
+            len(o.doomed),
+            0,
+            True,
+        )
+        assert set(shown.fired) == o.expected and shown.description == o.description
         assert (final["total"], final["succeeded"], final["dead"]) == (
             len(o.members + o.doomed),
             len(o.members),
             len(o.doomed),
         ), final
     fired = sum(len(o.expected) for o in opened)
+    # The same try started twice: its first start was cut by a kill.
+    starts = Counter((n["jid"], n["retry_count"]) for n in cog.notes("started"))
+    restarted = sum(count - 1 for count in starts.values())
     return (
-        f", {len(opened)} batches, {fired} callbacks fired once each, {reruns} callback re-runs after a kill"
+        f", {len(opened)} batches, {fired} callbacks fired once each, {reruns} callback re-runs (kills), "
+        f"{restarted} members started again after a kill"
     )
 
 

@@ -143,6 +143,8 @@ def on_event(label: str) -> None:
         description=batch.description if batch is not None else None,
         figures=figures(bid),
     )
+    # Long enough for a SIGKILL to catch some callbacks running: they run again.
+    time.sleep(0.2)
 
 
 @job(retry_in=lambda count, exc: 0.2)
