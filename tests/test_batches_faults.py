@@ -1,7 +1,7 @@
 """G22, batches under single faults (SPEC section 13): a worker stopped
 past ORPHAN_THRESHOLD and continued (G18), members run a second time after
 a recovery, members retried, killed or deleted from the admin (its own
-pages, through Django's test client), a poison pill (G3), an expired
+pages: ``tests/test_batches_admin.py``), a poison pill (G3), an expired
 member (section 14). Real Redis, real worker processes.
 
 In each, every callback fires once (``fired:<event>``, jid
@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections import Counter
 from typing import Any
 
-from django_cogworker import api, batch
+from django_cogworker import batch
 from testproject.testapp import batch_jobs, jobs
-from tests.conftest import CogEnv, wait_for
-from tests.test_admin import BASE, detail_url, messages_of
-from tests.test_batches_chaos import callbacks
+from tests.conftest import CogEnv, Worker, wait_for
+from tests.test_batches_chaos import CONCURRENCY, assert_callbacks_once, batch_chaos, callbacks, open_plain
+from tests.test_chaos import Chaos, report, shut_down
 from tests.test_expires import expired_count, redis_now, wait_past
 from tests.test_guarantees import keys, leftovers, plant_dead_identity, where_jobs_are
 
@@ -83,7 +84,7 @@ def test_g22_g18_a_worker_stopped_past_the_threshold_its_late_acks_change_nothin
     stopped = cog.start_worker()
     stopped.identity()
     with batch(description="revival", **callbacks()) as b:
-        slow = [batch_jobs.slow_first.delay(8, f"slow-{i}") for i in range(2)]
+        slow = [str(batch_jobs.slow_first.delay(8, f"slow-{i}")) for i in range(2)]
         quick = batch_jobs.member.delay_many([((0.01, f"quick-{i}"), {}) for i in range(10)])
     wait_for(
         lambda: {n["jid"] for n in cog.notes("started") if n["pid"] == stopped.pid} >= set(slow),
@@ -121,6 +122,45 @@ def test_g22_g18_a_worker_stopped_past_the_threshold_its_late_acks_change_nothin
     print(f"\nSIGSTOP past the threshold: {recovered} recovery, {len(late)} late acks, figures {after}")
 
 
+def test_g22_g18_sigstop_chaos_the_late_acks_of_continued_workers_change_nothing(cog: CogEnv) -> None:
+    """The SIGKILL chaos of ``tests/test_batches_chaos.py``, but the worker
+    hit is stopped past ORPHAN_THRESHOLD (its jobs recovered and run by the
+    others), then continued: it finishes its runs, and their acks move
+    nothing in the batches."""
+    threshold_s = float(cog.overrides["ORPHAN_THRESHOLD"])
+    stopped: list[tuple[Worker, float]] = []
+    stops = 0
+
+    def stop_and_continue(chaos: Chaos, workers: list[Worker], index: int) -> None:
+        nonlocal stops
+        # One stopped at a time, continued once past the threshold.
+        for worker, at in list(stopped):
+            if time.monotonic() - at > threshold_s + 1.5:
+                worker.signal(signal.SIGCONT)
+                stopped.remove((worker, at))
+        if not stopped:
+            workers[index].signal(signal.SIGSTOP)
+            stopped.append((workers[index], time.monotonic()))
+            stops += 1
+
+    try:
+        chaos, opened, sampled = batch_chaos(cog, open_plain, stop_and_continue)
+    finally:
+        for worker, _ in stopped:
+            worker.signal(signal.SIGCONT)
+    extra = assert_callbacks_once(chaos, opened, lambda jid: stops)
+    recovered = sum(w.log().count("left in progress by dead process") for w in cog.workers)
+    lost, second_runs = report(
+        chaos, "batches, SIGSTOP past the threshold", f"{extra}, {stops} stops, {recovered} recoveries"
+    )
+    assert sampled.faults == [], sampled.faults[:5]
+    assert not lost
+    assert recovered > 0, "no stop lasted long enough for a recovery: the test proved nothing"
+    assert second_runs <= stops * CONCURRENCY
+    assert all(worker.alive() for worker in chaos.workers)
+    shut_down(cog, chaos.workers)
+
+
 # -- a member run twice --------------------------------------------------------------------
 
 
@@ -132,7 +172,7 @@ def test_g22_members_run_again_after_a_recovery_change_nothing_before_or_after_s
     with batch(description="re-runs", **callbacks()) as b:
         batch_jobs.gated.delay("gate")
         again = batch_jobs.member.delay_many([((0, f"x{i}"), {}) for i in range(3)])
-        dead = batch_jobs.doomed.delay("dead")
+        dead = str(batch_jobs.doomed.delay("dead"))
     queued = cog.redis.lrange(keys().queue("default"), 0, -1)
     copies = [raw for raw in queued if json.loads(raw)["jid"] in {*again, dead}]
     assert len(copies) == 4
@@ -145,7 +185,7 @@ def test_g22_members_run_again_after_a_recovery_change_nothing_before_or_after_s
     for attempt, identity in ((2, "host:1:rerun-open"), (3, "host:2:rerun-settled")):
         plant_dead_identity(cog, identity, copies)
         wait_for(
-            lambda attempt=attempt: (
+            lambda attempt=attempt: (  # type: ignore[misc]
                 all(ran(cog, jid) == attempt for jid in again)
                 and ran(cog, dead, "doomed") == attempt
                 and at_rest(cog, [*again, dead])
@@ -162,98 +202,6 @@ def test_g22_members_run_again_after_a_recovery_change_nothing_before_or_after_s
             before = batch_jobs.figures(b.bid)
     assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
     print(f"\nmembers run 3 times each: figures {before}, callbacks {dict(callback_runs(cog))}")
-
-
-# -- the admin -----------------------------------------------------------------------------
-
-
-def test_g22_dead_members_retried_from_the_admin_before_settling_bring_success_back(
-    cog: CogEnv, superclient: Any
-) -> None:
-    cog.start_worker().identity()
-    with batch(description="retried by hand", **callbacks()) as b:
-        batch_jobs.gated.delay("gate")
-        one = batch_jobs.doomed_once.delay("one")  # retried from its own page
-        two = batch_jobs.doomed_once.delay("two")  # retried with the bulk action
-        batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(5)])
-    wait_for(lambda: batch_jobs.figures(b.bid)["dead"] == 2, STALL_S, "both members dead")
-    wait_fired(cog, b.bid, "death")
-    assert callback_figures(cog, b.bid, "death")["dead"] >= 1
-
-    record = api.DeadSet().find(str(one))
-    assert record is not None
-    response = superclient.post(detail_url("dead", record) + "action/", {"action": "retry"}, follow=True)
-    assert f"Retried job {one}" in " ".join(messages_of(response))
-    record = api.DeadSet().find(str(two))
-    assert record is not None
-    response = superclient.post(
-        BASE + "dead/action/",
-        {"action": "retry", "_selected_action": [record.id], "post": "yes"},
-        follow=True,
-    )
-    assert "Retried 1 of 1 jobs" in " ".join(messages_of(response))
-    wait_for(lambda: ran(cog, str(one)) and ran(cog, str(two)), STALL_S, "the retried members to succeed")
-    seen = batch_jobs.figures(b.bid)
-    assert (seen["dead"], seen["failed"], seen["pending"], seen["fired"]) == (0, 0, 1, ["death"]), seen
-    go(cog, "gate")
-    wait_fired(cog, b.bid, "settled")
-    assert_settled_once(cog, b.bid, {"death", "success", "complete", "settled"})
-    success = callback_figures(cog, b.bid, "success")
-    assert success["succeeded"] == success["total"] == 8 and success["dead"] == 0, success
-    print(f"\nadmin retries: fired {fired(b.bid)}, callback runs {dict(callback_runs(cog))}")
-
-
-def test_g22_members_killed_or_deleted_from_the_admin_count_as_dead(cog: CogEnv, superclient: Any) -> None:
-    cog.start_worker().identity()
-    names = ("deleted", "bulk-deleted", "killed")
-    with batch(description="removed by hand", **callbacks()) as b:
-        batch_jobs.gated.delay("gate")
-        jids = {name: str(batch_jobs.fail_into_retry.delay(name)) for name in names}
-        batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(3)])
-    wait_for(lambda: batch_jobs.figures(b.bid)["failed"] == 3, STALL_S, "the three members waiting in retry")
-
-    def record(name: str) -> api.JobRecord:
-        found = api.RetrySet().find(jids[name])
-        assert found is not None, name
-        return found
-
-    superclient.post(detail_url("retries", record("deleted")) + "action/", {"action": "delete"})
-    wait_fired(cog, b.bid, "death")
-    for name, action in (("bulk-deleted", "delete"), ("killed", "kill")):
-        done = superclient.post(
-            BASE + "retries/action/",
-            {"action": action, "_selected_action": [record(name).id], "post": "yes"},
-            follow=True,
-        )
-        assert "1 of 1 jobs" in " ".join(messages_of(done)), name
-    seen = batch_jobs.figures(b.bid)
-    assert (seen["dead"], seen["failed"], seen["pending"]) == (3, 0, 1), seen
-    go(cog, "gate")
-    wait_fired(cog, b.bid, "settled")
-    assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
-    assert [record.jid for record in api.DeadSet()] == [jids["killed"]]
-    print(f"\nadmin kill/delete: {batch_jobs.figures(b.bid)}, callback runs {dict(callback_runs(cog))}")
-
-
-def test_g22_members_cleared_with_their_whole_set_or_queue_from_the_admin_count_as_dead(
-    cog: CogEnv, superclient: Any
-) -> None:
-    """ "Delete" on every job of the Retry page (no filter), and "Clear
-    queue": the members they delete count as dead, as when deleted one by one."""
-    cog.start_worker().identity()  # serves "default" only: the members on "mail" stay queued
-    with batch(description="cleared by hand", **callbacks()) as b:
-        batch_jobs.gated.delay("gate")
-        in_retry = str(batch_jobs.fail_into_retry.delay("cleared"))
-        batch_jobs.member.set(queue="mail").delay_many([((0, f"m{i}"), {}) for i in range(3)])
-    wait_for(lambda: api.RetrySet().find(in_retry) is not None, STALL_S, "the member waiting in retry")
-    superclient.post(BASE + "retries/action/", {"action": "delete", "select_across": "1", "post": "yes"})
-    superclient.post(BASE + "queues/mail/clear/")
-    assert api.RetrySet().size == 0 and api.Queue("mail").size == 0
-    seen = batch_jobs.figures(b.bid)
-    assert (seen["dead"], seen["failed"], seen["pending"]) == (4, 0, 1), seen
-    go(cog, "gate")
-    wait_fired(cog, b.bid, "settled")
-    assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
 
 
 # -- a poison pill, an expired member --------------------------------------------------------
