@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections import Counter
 from typing import Any
 
 from django_cogworker import batch
 from testproject.testapp import batch_jobs, jobs
-from tests.conftest import CogEnv, Worker, wait_for
+from tests.conftest import CogEnv, wait_for
 from tests.test_batches_chaos import CONCURRENCY, assert_callbacks_once, batch_chaos, callbacks, open_plain
-from tests.test_chaos import Chaos, report, shut_down
+from tests.test_chains_chaos import StopAndContinue
+from tests.test_chaos import report, shut_down
 from tests.test_expires import expired_count, redis_now, wait_past
 from tests.test_guarantees import keys, leftovers, plant_dead_identity, where_jobs_are
 
@@ -127,27 +127,12 @@ def test_g22_g18_sigstop_chaos_the_late_acks_of_continued_workers_change_nothing
     hit is stopped past ORPHAN_THRESHOLD (its jobs recovered and run by the
     others), then continued: it finishes its runs, and their acks move
     nothing in the batches."""
-    threshold_s = float(cog.overrides["ORPHAN_THRESHOLD"])
-    stopped: list[tuple[Worker, float]] = []
-    stops = 0
-
-    def stop_and_continue(chaos: Chaos, workers: list[Worker], index: int) -> None:
-        nonlocal stops
-        # One stopped at a time, continued once past the threshold.
-        for worker, at in list(stopped):
-            if time.monotonic() - at > threshold_s + 1.5:
-                worker.signal(signal.SIGCONT)
-                stopped.remove((worker, at))
-        if not stopped:
-            workers[index].signal(signal.SIGSTOP)
-            stopped.append((workers[index], time.monotonic()))
-            stops += 1
-
+    stopper = StopAndContinue()
     try:
-        chaos, opened, sampled = batch_chaos(cog, open_plain, stop_and_continue)
+        chaos, opened, sampled = batch_chaos(cog, open_plain, stopper)
     finally:
-        for worker, _ in stopped:
-            worker.signal(signal.SIGCONT)
+        stopper.continue_all()
+    stops = stopper.stops
     extra = assert_callbacks_once(chaos, opened, lambda jid: stops)
     recovered = sum(w.log().count("left in progress by dead process") for w in cog.workers)
     lost, second_runs = report(
