@@ -68,8 +68,12 @@ def test_g22_members_killed_or_deleted_from_the_admin_count_as_dead(cog: CogEnv,
     with batch(description="removed by hand", **callbacks()) as b:
         batch_jobs.gated.delay("gate")
         jids = {name: str(batch_jobs.fail_into_retry.delay(name)) for name in names}
+        later = str(batch_jobs.member.delay_in(3600, 0, "later"))  # deleted from the Scheduled page
         batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(3)])
     wait_for(lambda: batch_jobs.figures(b.bid)["failed"] == 3, STALL_S, "the three members waiting in retry")
+    scheduled = api.ScheduledSet().find(later)
+    assert scheduled is not None
+    superclient.post(detail_url("scheduled", scheduled) + "action/", {"action": "delete"})
 
     def record(name: str) -> api.JobRecord:
         found = api.RetrySet().find(jids[name])
@@ -86,11 +90,19 @@ def test_g22_members_killed_or_deleted_from_the_admin_count_as_dead(cog: CogEnv,
         )
         assert "1 of 1 jobs" in " ".join(messages_of(done)), name
     seen = batch_jobs.figures(b.bid)
-    assert (seen["dead"], seen["failed"], seen["pending"]) == (3, 0, 1), seen
+    assert (seen["dead"], seen["failed"], seen["pending"]) == (4, 0, 1), seen
     go(cog, "gate")
     wait_fired(cog, b.bid, "settled")
     assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
-    assert [record.jid for record in api.DeadSet()] == [jids["killed"]]
+    [killed] = api.DeadSet()
+    assert killed.jid == jids["killed"]
+    # Retried after its batch settled: it runs (and fails into retry again),
+    # and its batch stays as it was.
+    settled = batch_jobs.figures(b.bid)
+    superclient.post(detail_url("dead", killed) + "action/", {"action": "retry"})
+    wait_for(lambda: api.RetrySet().find(jids["killed"]) is not None, STALL_S, "the retried member to run")
+    assert batch_jobs.figures(b.bid) == settled
+    assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
     print(f"\nadmin kill/delete: {batch_jobs.figures(b.bid)}, callback runs {dict(callback_runs(cog))}")
 
 

@@ -69,7 +69,8 @@ def at_rest(cog: CogEnv, jids: list[str]) -> bool:
 
 def assert_settled_once(cog: CogEnv, bid: str, events: set[str]) -> None:
     """``events`` fired, and their callbacks ran, once each; the others never."""
-    wait_for(lambda: not leftovers(cog).keys() - {"dead"}, STALL_S, "every callback run")
+    every = [f"{bid}-{event}" for event in ("success", "complete", "settled", "death")]
+    wait_for(lambda: at_rest(cog, every), STALL_S, "every callback run")
     for event in ("success", "complete", "settled", "death"):
         runs = callback_runs(cog)[f"{bid}-{event}"]
         assert runs == (event in events), f"the {event} callback ran {runs} times"
