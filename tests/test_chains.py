@@ -122,6 +122,20 @@ def test_g22_a_second_completion_of_a_member_changes_nothing(cog: CogEnv) -> Non
     assert {"fired:success", "fired:complete", "fired:settled"} <= set(state)
 
 
+def test_g22_g18_a_late_end_of_a_job_no_longer_ours_changes_nothing(cog: CogEnv) -> None:
+    """A revived process's end of a member that recovery took from it: not
+    on its list any more, so neither the ack nor the batch's move happens."""
+    with batch(on_settled=wf.callback.s("fin")) as b:
+        jobs.record.delay("taken back")
+    client, keys = get_redis(), get_keys()
+    ctx = SimpleNamespace(client=client, keys=keys, config=get_config())
+    raw = client.lindex(keys.queue("default"), 0)
+    work = UnitOfWork("default", raw)
+    settle_flow(ctx, keys.inprogress("revived"), work, ACK, work.payload())  # type: ignore[arg-type]
+    assert members(cog, b.bid, "pending") == {work.jid}
+    assert cog.redis.zcard(keys.schedule) == 0 and "fired:settled" not in batch_hash(cog, b.bid)
+
+
 def test_a_plain_jobs_worker_path_sends_no_workflow_call(cog: CogEnv) -> None:
     """200 plain jobs: no ack.lua per job (their acks ride the fetches),
     no file.lua, no command on a batch key."""
