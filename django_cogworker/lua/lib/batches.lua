@@ -120,6 +120,13 @@ batch_move = function(ctx, i, how, member, result)
   end
   if not moved then return 0 end
   batch_expire(b, ctx.ttl)
+  -- Its ancestors wait for it: kept as long (none of them has settled).
+  for up = i + 1, #ctx.levels do
+    local above = ctx.levels[up]
+    if redis.call("HEXISTS", KEYS[above.k], "settled_at") == 0 then
+      batch_expire(above, ctx.ttl)
+    end
+  end
   batch_check(ctx, i)
   return 1
 end
