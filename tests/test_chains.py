@@ -193,3 +193,17 @@ def test_g22_async_def_steps_and_members_hand_their_results_on(cog: CogEnv) -> N
     assert by_tag["body"]["results"] == [20, 22, 24, 26, 28] and by_tag["body"]["bid"] == bid
     assert [t for t in tags(cog) if t in (3, 6)] == [3, 6], "add -> adouble(3) -> double(6)"
     assert len(members(cog, b.bid, "succeeded")) == 3
+
+
+def test_g22_a_dead_step_retried_after_its_batch_settled_still_resumes_its_chain(cog: CogEnv) -> None:
+    with batch(on_death=wf.callback.s("dead"), on_settled=wf.callback.s("fin")) as b:
+        chain(wf.dies_in_chain.s(1), wf.double.s()).delay()
+    cog.start_worker()
+    wait_settled(cog, b.bid)
+    assert sorted(r["tag"] for r in wait_callbacks(cog, 2)) == ["dead", "fin"]
+    cog.redis.set(cog.key("test:heal"), "1")
+    (entry,) = list(api.DeadSet())
+    assert entry.retry()
+    assert wait_runs(cog, 3) == [1, 1, 101], "double(101) ran: the chain resumed"
+    assert len(members(cog, b.bid, "members")) == 1, "a settled batch takes no new member"
+    assert len(cog.notes("callbacks")) == 2, "nothing fires again"
