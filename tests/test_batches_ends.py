@@ -8,6 +8,7 @@ recovered from a dead process: still pending, nothing fires.
 from __future__ import annotations
 
 import signal
+import time
 
 from django_cogworker import api, batch
 from django_cogworker.conf import get_config
@@ -77,6 +78,18 @@ def test_g22_g3_a_poison_pill_buried_is_a_dead_member(cog: CogEnv) -> None:
     assert launcher.recovery.bury_repeat_orphans() == 1
     assert members(cog, b.bid, "dead") == {jid}
     assert scheduled_jids(cog) == sorted([f"{b.bid}-death", f"{b.bid}-settled"])
+
+
+def test_g22_g3_a_pill_filed_raw_in_dead_by_the_requeue_is_a_dead_member(cog: CogEnv) -> None:
+    """requeue.lua files a repeat orphan raw in dead when its parking list
+    is unusable; completing that entry moves the member too."""
+    with batch(on_settled=wf.callback.s("fin")) as b:
+        jid = jobs.record.delay("pill")
+    raw = cog.redis.rpop(cog.key("queue:default"))
+    cog.redis.zadd(cog.key("dead"), {raw: time.time()})
+    Launcher(get_config(), identity="test-burier").recovery.complete_raw_burials([raw])
+    assert members(cog, b.bid, "dead") == {jid}
+    assert scheduled_jids(cog) == [f"{b.bid}-settled"]
 
 
 def test_g22_expired_members_count_as_succeeded(cog: CogEnv) -> None:
