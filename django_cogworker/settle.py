@@ -34,6 +34,7 @@ from django_cogworker.payload import salvage
 from django_cogworker.requeue import requeue_list, requeue_one
 from django_cogworker.scripts import script
 from django_cogworker.work import UnitOfWork
+from django_cogworker.workflows import effects
 from django_cogworker.workflows.ends import settle_flow, workflow_of
 
 logger = logging.getLogger("django_cogworker")
@@ -78,7 +79,7 @@ class Settler:
         else:
             if outcome.workflow is not None:
                 work.result = outcome.result
-                work.lost = outcome.kind == execution.ACK and outcome.failed is True
+                work.lost = outcome.kind == execution.ACK and outcome.failed is True and not outcome.expired
             self.settle(work, outcome)
         self.ledger.finished(index, work, outcome.failed, outcome.ran)
 
@@ -331,7 +332,13 @@ def file_unsettled(ctx: FetchContext) -> int:
             logger.error("dropping an unreadable unsettled record: %r", record[:200])
             client.lrem(k.unsettled, 1, record)
             continue
-        if script("file_head")(client, [k.unsettled, zset], [record, repr(score), payload]) != 1:
+        extra = effects.filed(k, ctx.config, zset, salvage(payload))
+        if (
+            script("file_head")(
+                client, [k.unsettled, zset, *extra[0]], [record, repr(score), payload, *extra[1]]
+            )
+            != 1
+        ):
             break
         filed += 1
     return filed

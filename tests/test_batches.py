@@ -205,3 +205,14 @@ def test_g22_a_child_with_a_death_is_a_dead_member_of_its_parent(cog: CogEnv) ->
     runs = wait_callbacks(cog, 2)
     assert sorted(r["tag"] for r in runs) == ["parent-dead", "parent-fin"]
     assert members(cog, parent.bid, "dead") == {f"b:{child.bid}"}
+
+
+def test_g22_a_large_batch_is_pushed_in_chunks_and_fires_only_after_the_last(cog: CogEnv) -> None:
+    with batch(**callbacks(settled="fin")) as b:
+        jobs_many = [((i,), {}) for i in range(2500)]
+        wf.member.delay_many(jobs_many)
+    assert queued(cog) == 2500
+    assert len(members(cog, b.bid, "members")) == 2500
+    assert members(cog, b.bid, "pending") == members(cog, b.bid, "members"), "no ':open' left behind"
+    assert "fired:complete" not in batch_hash(cog, b.bid)
+    assert cog.redis.zscore(cog.key("batches"), b.bid) is not None

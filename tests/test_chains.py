@@ -153,3 +153,13 @@ def test_a_plain_jobs_worker_path_sends_no_workflow_call(cog: CogEnv) -> None:
     assert acks <= 10, f"{acks} ack.lua calls for 200 plain jobs"
     assert not any(script("file").sha in line for line in ours)
     assert not any(":batch" in line for line in ours)
+
+
+def test_g22_basic_fetch_moves_members_and_chains_too(cog: CogEnv) -> None:
+    with batch(on_settled=wf.callback.s("fin")) as b:
+        chain(wf.add.s(1, 1), wf.double.s()).delay()
+        wf.member.delay("m")
+    cog.start_worker(FETCH="basic")
+    assert [r["tag"] for r in wait_callbacks(cog, 1)] == ["fin"]
+    assert sorted(map(str, tags(cog))) == sorted(map(str, [[1, 1], 2, "m"]))
+    assert len(members(cog, b.bid, "succeeded")) == 3

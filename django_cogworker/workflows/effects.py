@@ -23,7 +23,7 @@ from django_cogworker.conf import Config
 from django_cogworker.errors import CogworkerError
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, new_jid
-from django_cogworker.scripts import Arg
+from django_cogworker.scripts import Arg, script
 from django_cogworker.workflows.state import level_keys, ttls
 
 #: How a member moves in its batch (``lib/batches.lua``).
@@ -143,3 +143,28 @@ def end_args(
         str(following["queue"]) if following is not None else "",
     ]
     return script_keys, args
+
+
+def moved(keys: Keys, config: Config, payload: Payload, move: str) -> tuple[list[str], list[Arg]]:
+    """The extra KEYS and ARGV that move a member in its batch alongside
+    another script's work (a poison pill buried, an admin's kill, delete
+    or retry, an unsettled failure filed); empty for any other job."""
+    if not levels(payload):
+        return [], []
+    return end_args(keys, config, payload, move, None, None)
+
+
+def filed(keys: Keys, config: Config, zset: str, payload: Payload) -> tuple[list[str], list[Arg]]:
+    """:func:`moved` for a failure filed in ``zset``: failed in its batch
+    when filed in retry, dead in dead, unmoved in the schedule."""
+    move = {keys.retry: FAILED, keys.dead: DEAD}.get(zset)
+    return moved(keys, config, payload, move) if move else ([], [])
+
+
+def expired(client: Any, keys: Keys, config: Config, payloads: list[Payload]) -> None:
+    """Members dropped as expired by the poller count as succeeded
+    (``batch_move.lua``), each on its own: their drop has no ack to ride."""
+    for payload in payloads:
+        extra = moved(keys, config, payload, SUCCEEDED)
+        if extra[0]:
+            script("batch_move")(client, *extra)

@@ -44,8 +44,11 @@ def settle_flow(
         following = effects.next_step(payload, work.result) if move == effects.SUCCEEDED else None
         raw = encode(following) if following is not None else b""
         extra = effects.end_args(keys, config, payload, move, work.result, following, raw)
-        listed = inprogress if inprogress is not None else keys.inprogress("")
-        script("ack")(ctx.client, [listed, keys.orphanings(work.jid), *extra[0]], [work.raw, *extra[1]])
+        if inprogress is None:
+            # Basic fetch: no list to take it off, nothing to ack; its effects alone.
+            script("batch_move")(ctx.client, *extra)
+            return
+        script("ack")(ctx.client, [inprogress, keys.orphanings(work.jid), *extra[0]], [work.raw, *extra[1]])
         return
     move = effects.DEAD if how.zset == keys.dead else effects.FAILED
     extra = effects.end_args(keys, config, payload, move, None, None)

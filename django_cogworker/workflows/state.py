@@ -10,6 +10,7 @@ from a running member (``current_batch().add``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,12 @@ CHUNK = 1000
 #: A member: its id (a jid, or ``b:<bid>`` for a child batch), its payload
 #: (None: not pushed here), its due time (epoch s; None: now).
 Member = tuple[str, Payload | None, float | None]
+
+
+def trim(client: Any, keys: Keys, config: Config) -> None:
+    """Forgets from ``N:batches`` the batches opened more than BATCH_TTL ago
+    (their keys have expired, or will with their settled TTL)."""
+    client.zremrangebyscore(keys.batches, "-inf", f"({time.time() - config.batch_ttl_s!r}")
 
 
 def ttls(config: Config) -> list[Arg]:
