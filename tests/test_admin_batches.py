@@ -177,6 +177,25 @@ def test_retrying_the_dead_members_after_settlement_runs_them_as_plain_jobs(cog,
     assert (figures.succeeded, figures.dead, figures.pending) == (1, 1, 0)
 
 
+def test_g22_deleting_every_scheduled_job_counts_its_batch_members_dead(cog, superclient):
+    with batch(description="cleared", on_death=wf.callback.s("dead"), on_settled=wf.callback.s("fin")) as b:
+        wf.member.delay_in(3600, "later")
+        wf.member.delay("now")
+    wf.member.delay_in(3600, "plain")  # no batch
+    worker = cog.start_worker()
+    wait_for(lambda: api.Batch(b.bid).succeeded == 1, 30, "the first member ran")
+    form = {"action": "delete", "select_across": "1", "post": "yes"}
+    response = superclient.post(BASE + "scheduled/action/", form, follow=True)
+    assert messages_of(response) == ["Deleted 2 of all matching jobs in Scheduled."]
+    # What is left: the callbacks the deletion fired, pushed due now.
+    assert {r.jid for r in api.ScheduledSet()} <= {f"{b.bid}-death", f"{b.bid}-settled"}
+    wait_for(lambda: len(cog.notes("callbacks")) == 2, 30, "on_death and on_settled ran")
+    figures = api.Batch(b.bid).figures()
+    assert (figures.succeeded, figures.dead, figures.settled) == (1, 1, True)
+    worker.signal(signal.SIGTERM)
+    worker.wait(30)
+
+
 def test_deleting_a_batch_asks_first_then_removes_its_keys(cog, superclient, imports):
     response = superclient.post(batch_url("imp7", "action/"), {"action": "delete"})
     assert response.status_code == 200 and "Yes, delete the batch" in text(response)
