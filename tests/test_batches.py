@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from django_cogworker import batch, current_batch
+from django_cogworker import api, batch, current_batch
+from testproject.testapp import jobs
 from testproject.testapp import workflow_jobs as wf
 from tests.conftest import CogEnv, wait_for
 
@@ -216,3 +217,21 @@ def test_g22_a_large_batch_is_pushed_in_chunks_and_fires_only_after_the_last(cog
     assert members(cog, b.bid, "pending") == members(cog, b.bid, "members"), "no ':open' left behind"
     assert "fired:complete" not in batch_hash(cog, b.bid)
     assert cog.redis.zscore(cog.key("batches"), b.bid) is not None
+
+
+def test_g22_an_open_batch_is_kept_batch_ttl_renewed_by_each_end(cog: CogEnv) -> None:
+    cog.configure(BATCH_TTL=1000, BATCH_DONE_TTL=100)
+    with batch() as parent, batch() as child:
+        wf.member.delay("now")
+        slow = jobs.record.delay_in(3600, "later")
+    for bid in (parent.bid, child.bid):
+        assert 990 < cog.redis.ttl(cog.key(f"batch:{bid}")) <= 1000
+        cog.redis.expire(cog.key(f"batch:{bid}"), 500)
+    cog.start_worker()
+    wait_for(lambda: len(members(cog, child.bid, "succeeded")) == 1, STALL_S, "the first member's end")
+    for bid in (parent.bid, child.bid):
+        assert cog.redis.ttl(cog.key(f"batch:{bid}")) > 900, "renewed, the parent's too"
+    assert members(cog, child.bid, "pending") == {slow}
+    assert next(e for e in api.ScheduledSet() if e.jid == slow).retry()
+    wait_settled(cog, parent.bid)
+    assert 90 < cog.redis.ttl(cog.key(f"batch:{parent.bid}")) <= 100, "settled: BATCH_DONE_TTL"

@@ -49,8 +49,11 @@ for i = 1, queues do names[i] = ARGV[a + i] end
 a = a + queues + 1
 local queue_keys = 4 + 8 * count
 local chord = redis.call("HGET", KEYS[b.k], "kind") == "chord"
+-- A settled batch takes no new member (a re-run of a member that had
+-- succeeded adds again): the job is pushed all the same, on its own.
+local live = redis.call("HEXISTS", KEYS[b.k], "settled_at") == 0
 -- Membership first, for every member of the chunk; then the pushes.
-for m = a, #ARGV, 4 do
+for m = a, live and #ARGV or 0, 4 do
   redis.call("SADD", KEYS[b.k + 1], ARGV[m])
   redis.call("SADD", KEYS[b.k + 2], ARGV[m])
   if chord then redis.call("RPUSH", KEYS[b.k + 7], ARGV[m]) end
@@ -67,7 +70,7 @@ for m = a, #ARGV, 4 do
     pushed = pushed + 1
   end
 end
-batch_expire(b, ctx.ttl)
+if live then batch_expire(b, ctx.ttl) end
 if last then
   redis.call("SREM", KEYS[b.k + 2], ":open")
   batch_check(ctx, 1)

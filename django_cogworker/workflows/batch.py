@@ -194,28 +194,38 @@ class CurrentBatch:
             value = get_redis().hget(get_keys().batch(self.bid), "description")
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
 
-    def add(self, sig: Signature) -> str:
+    def add(self, sig: Signature) -> str | None:
         """Adds ``sig`` as a member of this batch and pushes it, in one
         step, before the running member's own end: the batch waits for it.
-        Returns its jid."""
+        Returns its jid (None if a client middleware refused it)."""
         if self.event is not None:
             raise RuntimeError("current_batch().add() is for a running member, not a callback")
+        if not isinstance(sig, Signature):
+            raise TypeError(f"current_batch().add() takes a signature (job.s(...)), not {sig!r}")
         payload = sig.payload()
         payload["bid"] = self.bid
         if self.ancestors:
             payload["bids"] = list(self.ancestors)
-        jid = str(payload["jid"])
-        with redis_boundary("enqueue", refused=EnqueueRefused):
-            state.open_batch(
-                get_redis(),
-                get_keys(),
-                get_config(),
-                [self.bid, *self.ancestors],
-                {},
-                [(jid, payload, None)],
-                first=False,
-                last=False,
-            )
+        chain = middleware.client_chain()
+        ready = chain.run(payload)
+        if ready is None:
+            return None
+        jid = str(ready["jid"])
+        try:
+            with redis_boundary("enqueue", refused=EnqueueRefused):
+                state.open_batch(
+                    get_redis(),
+                    get_keys(),
+                    get_config(),
+                    [self.bid, *self.ancestors],
+                    {},
+                    [(jid, ready, None)],
+                    first=False,
+                    last=False,
+                )
+        except BaseException:
+            chain.cancel(ready)
+            raise
         return jid
 
 

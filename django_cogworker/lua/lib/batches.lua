@@ -120,6 +120,13 @@ batch_move = function(ctx, i, how, member, result)
   end
   if not moved then return 0 end
   batch_expire(b, ctx.ttl)
+  -- Its ancestors wait for it: kept as long (none of them has settled).
+  for up = i + 1, #ctx.levels do
+    local above = ctx.levels[up]
+    if redis.call("HEXISTS", KEYS[above.k], "settled_at") == 0 then
+      batch_expire(above, ctx.ttl)
+    end
+  end
   batch_check(ctx, i)
   return 1
 end
@@ -129,8 +136,7 @@ end
 -- then 8 per level; ARGV from `arg` are: the move, the member, how many
 -- levels, their bids, the open TTL, the settled TTL, the result ("" none),
 -- the next chain step's payload ("" none), its jid, its queue's name.
--- The next step joins the batch before this member leaves pending, so the
--- batch stays open until a chain's last step. Returns 1 if it moved.
+-- Returns 1 if the member moved.
 local function batch_member_end(first, arg)
   local how, member, count = ARGV[arg], ARGV[arg + 1], tonumber(ARGV[arg + 2])
   local bids = {}
@@ -139,21 +145,18 @@ local function batch_member_end(first, arg)
   local ttl, done_ttl, result = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
   local next_raw, next_jid, next_queue = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   if next_raw ~= "" then
-    if count > 0 then
-      -- Only while this step is live in its batch: a re-run's second end
-      -- pushes no second next step into it.
-      local b = {k = first + 3}
-      if redis.call("SISMEMBER", KEYS[b.k + 2], member) == 0 and redis.call("SISMEMBER", KEYS[b.k + 3], member) == 0 then
-        next_raw = ""
-      else
-        redis.call("SADD", KEYS[b.k + 1], next_jid)
-        redis.call("SADD", KEYS[b.k + 2], next_jid)
-      end
+    -- The next step joins the batch before this one leaves pending, so the
+    -- batch stays open until the chain's last step; a settled (or gone)
+    -- batch takes no new member, but a step retried from the admin after
+    -- it settled still resumes its chain. The ack's LREM made this end the
+    -- only one: the next step is pushed once.
+    local k = first + 3
+    if count > 0 and redis.call("EXISTS", KEYS[k]) == 1 and redis.call("HEXISTS", KEYS[k], "settled_at") == 0 then
+      redis.call("SADD", KEYS[k + 1], next_jid)
+      redis.call("SADD", KEYS[k + 2], next_jid)
     end
-    if next_raw ~= "" then
-      redis.call("LPUSH", KEYS[first + 2], next_raw)
-      redis.call("SADD", KEYS[first + 1], next_queue)
-    end
+    redis.call("LPUSH", KEYS[first + 2], next_raw)
+    redis.call("SADD", KEYS[first + 1], next_queue)
   end
   if count == 0 then return 0 end
   local ctx = batch_context(first, first + 3, bids, ttl, done_ttl)
