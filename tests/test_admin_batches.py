@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from html import unescape
 
 import pytest
 from django.contrib.auth.models import User
 
+from django_cogworker import api, batch
 from django_cogworker.admin.helpers import segment
+from testproject.testapp import workflow_jobs as wf
 from tests import test_admin
+from tests.conftest import wait_for
 from tests.test_admin import client_for, messages_of, text
 from tests.test_admin_browser import BASE, PASSWORD, Shots, chromium, login
 from tests.test_api_batches import member, write_batch
@@ -129,12 +133,67 @@ def test_the_dead_and_retry_pages_filter_by_batch(cog, superclient, imports):
     assert [json.loads(m)["jid"] for m in cog.redis.zrange(cog.key("dead"), 0, -1)] == ["other"]
 
 
-def test_retrying_the_dead_members_says_plainly_when_it_cannot(cog, superclient, imports):
-    response = superclient.post(batch_url("imp7", "action/"), {"action": "retry_dead"}, follow=True)
-    assert response.redirect_chain == [(batch_url("imp7"), 302)]
-    [message] = messages_of(response)
-    assert "not available yet" in message and "nothing was retried" in message
-    assert cog.redis.zcard(cog.key("dead")) == 2  # untouched
+def test_g22_retrying_the_dead_members_before_settlement_brings_success_back(cog, superclient):
+    with batch(description="heal", on_success=wf.callback.s("ok"), on_settled=wf.callback.s("fin")) as b:
+        wf.dies_in_chain.delay(1)
+        later = wf.member.delay_in(3600, "later")  # keeps the batch from settling meanwhile
+    worker = cog.start_worker()
+    wait_for(lambda: api.Batch(b.bid).dead == 1, 30, "the member died")
+    assert "death" in api.Batch(b.bid).fired
+    cog.redis.set(cog.key("test:heal"), "1")
+    response = superclient.post(batch_url(b.bid, "action/"), {"action": "retry_dead"}, follow=True)
+    assert response.redirect_chain == [(batch_url(b.bid), 302)]
+    assert messages_of(response) == [f"Batch {b.bid}: 1 dead member retried."]
+    wait_for(lambda: api.Batch(b.bid).succeeded == 1, 30, "the retried member succeeded")
+    assert api.Batch(b.bid).dead == 0 and not api.Batch(b.bid).settled
+    api.ScheduledSet().find(later).retry()
+    wait_for(lambda: api.Batch(b.bid).settled, 30, "the batch settled")
+    figures = api.Batch(b.bid).figures()
+    assert (figures.total, figures.succeeded, figures.dead) == (2, 2, 0)
+    assert {"success", "complete", "settled"} <= set(figures.fired)
+    wait_for(lambda: len(cog.notes("callbacks")) == 2, 30, "both callbacks ran")
+    assert sorted(n["tag"] for n in cog.notes("callbacks")) == ["fin", "ok"]
+    # After settlement, a retry runs the job as a plain one: the batch does not change.
+    response = superclient.post(batch_url(b.bid, "action/"), {"action": "retry_dead"}, follow=True)
+    assert messages_of(response) == [f"Batch {b.bid}: no dead member to retry."]
+    worker.signal(signal.SIGTERM)
+    worker.wait(30)
+
+
+def test_retrying_the_dead_members_after_settlement_runs_them_as_plain_jobs(cog, superclient):
+    with batch(description="settled", on_death=wf.callback.s("dead")) as b:
+        wf.die.delay("x")
+        wf.member.delay("y")
+    worker = cog.start_worker()
+    wait_for(lambda: len(cog.notes("callbacks")) == 1, 30, "the batch settled and its callback ran")
+    worker.signal(signal.SIGTERM)
+    worker.wait(30)
+    response = superclient.post(batch_url(b.bid, "action/"), {"action": "retry_dead"}, follow=True)
+    assert messages_of(response) == [
+        f"Batch {b.bid}: 1 dead member retried: the batch had settled, so they run as plain jobs."
+    ]
+    assert [r.name for r in api.Queue("default").page()] == [wf.die.name]  # not the callback
+    figures = api.Batch(b.bid).figures()
+    assert (figures.succeeded, figures.dead, figures.pending) == (1, 1, 0)
+
+
+def test_g22_deleting_every_scheduled_job_counts_its_batch_members_dead(cog, superclient):
+    with batch(description="cleared", on_death=wf.callback.s("dead"), on_settled=wf.callback.s("fin")) as b:
+        wf.member.delay_in(3600, "later")
+        wf.member.delay("now")
+    wf.member.delay_in(3600, "plain")  # no batch
+    worker = cog.start_worker()
+    wait_for(lambda: api.Batch(b.bid).succeeded == 1, 30, "the first member ran")
+    form = {"action": "delete", "select_across": "1", "post": "yes"}
+    response = superclient.post(BASE + "scheduled/action/", form, follow=True)
+    assert messages_of(response) == ["Deleted 2 of all matching jobs in Scheduled."]
+    # What is left: the callbacks the deletion fired, pushed due now.
+    assert {r.jid for r in api.ScheduledSet()} <= {f"{b.bid}-death", f"{b.bid}-settled"}
+    wait_for(lambda: len(cog.notes("callbacks")) == 2, 30, "on_death and on_settled ran")
+    figures = api.Batch(b.bid).figures()
+    assert (figures.succeeded, figures.dead, figures.settled) == (1, 1, True)
+    worker.signal(signal.SIGTERM)
+    worker.wait(30)
 
 
 def test_deleting_a_batch_asks_first_then_removes_its_keys(cog, superclient, imports):

@@ -171,18 +171,20 @@ def batch_action(request: HttpRequest, model_admin: ModelAdmin, bid: str) -> Htt
     back = admin_url(model_admin, "batch", segment(batch.bid))
     action = request.POST.get("action")
     if action == "retry_dead":
+        settled = batch.figures().settled
         try:
             retried = batch.retry_dead()
         except RedisRefused as exc:
             if exc.full:
                 raise  # the page that says Redis is full (urls.when_redis_answers)
-            messages.error(request, str(exc))
-        except NotImplementedError as exc:
-            messages.error(request, str(exc))
+            messages.error(request, f"Batch {batch.bid}: {exc}")
+            return HttpResponseRedirect(back)
+        if not retried:
+            messages.warning(request, f"Batch {batch.bid}: no dead member to retry.")
         else:
-            messages.success(
-                request, f"Batch {batch.bid}: {retried} dead member{'s' if retried != 1 else ''} retried."
-            )
+            plural = "s" if retried != 1 else ""
+            after = ": the batch had settled, so they run as plain jobs" if settled else ""
+            messages.success(request, f"Batch {batch.bid}: {retried} dead member{plural} retried{after}.")
         return HttpResponseRedirect(back)
     if action != "delete":
         messages.error(request, "Unknown batch action.")

@@ -219,7 +219,9 @@ def set_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> 
         )
         return render(request, model_admin, "set_confirm.html", ctx)
 
-    if across and action == "delete" and not filters.active:
+    if across and action == "delete" and not filters.active and page_def.slug == "dead":
+        # Only the dead set is cleared whole: elsewhere a batch's member
+        # deleted counts as dead in its batch, one by one (SPEC section 13).
         done = jobs.clear()
     elif across:
         done = api.bulk(filters.matching(jobs), action)

@@ -5,7 +5,8 @@ description, kind, parent, creation time, total, pending (not yet
 succeeded nor dead, the members waiting for a retry included), succeeded,
 dead, the callbacks with the time each fired, and whether it settled;
 ``pending_jids()`` and ``dead_jids()`` name some of its members;
-``delete()`` removes its keys and its index entry. ``BatchSet()`` lists
+``retry_dead()`` retries its dead members; ``delete()`` removes its keys
+and its index entry. ``BatchSet()`` lists
 the batches of the index ``N:batches``, newest first, skipping those whose
 keys expired; ``page(state=...)`` lists the open ones first.
 
@@ -23,7 +24,8 @@ from collections.abc import Iterator
 
 from django_cogworker.api.batch_figures import OPEN_SENTINEL, BatchFigures, batch_figures
 from django_cogworker.api.parsing import Listing, is_wrong_type, unless_wrong_type
-from django_cogworker.api.records import PAGE_SIZE
+from django_cogworker.api.records import PAGE_SIZE, bulk
+from django_cogworker.api.sets import DeadSet
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import BatchNotFound, redis_boundary
 
@@ -113,13 +115,13 @@ class Batch:
         return Listing(sorted(found), skipped)
 
     def retry_dead(self) -> int:
-        """Puts the batch's dead members back on their queues, each counted
-        live again (dead -> failed) while the batch has not settled; returns
-        how many. Needs the workflows engine's retry."""
-        raise NotImplementedError(
-            f"Batch {self.bid}: retrying its dead members is not available yet: this build has no "
-            "workflows engine to count them live again; nothing was retried."
-        )
+        """Puts the batch's dead members that are in the dead set back on
+        their queues (``JobRecord.retry``, which counts each live again in
+        its batch, in the same script, while the batch has not settled;
+        after, they run as plain jobs); its callbacks stay where they are.
+        Returns how many were retried."""
+        members = [r for r in DeadSet().filter(bid=self.bid) if "cb" not in r.payload]
+        return bulk(members, "retry")
 
     @redis_boundary("delete a batch")
     def delete(self) -> bool:
