@@ -9,7 +9,7 @@ Duties (SPEC section 15):
 - take the jobs the processor threads fetched (:meth:`Coroutines.run`): the
   fetch and its accounting are the threads' (the same script, the same
   in-progress list, the same ledger); a thread hands a coroutine job over
-  and fetches again, and blocks only while the loop is full. The job moves
+  and fetches again once the loop has room. The job moves
   in the ledger from the thread's index to one of the loop's
   (``CONCURRENCY`` and up), so strays (G7), revival (G18) and the bound
   (G19: ``CONCURRENCY + ASYNC_CONCURRENCY``) are judged as for any job;
@@ -112,6 +112,9 @@ class Coroutines:
         #: Jobs handed over, for the loop to start (``_start``).
         self._inbox: collections.deque[tuple[int, UnitOfWork, Payload]] = collections.deque()
         self._woken = False
+        #: Threads holding a job they wait to hand over (the loop is full):
+        #: the first slots that free are theirs.
+        self._holding = 0
         self.stopping = False
         self.handed_at = -FETCH_AHEAD_FOR_S  # monotonic time of the last hand-over
 
@@ -144,11 +147,16 @@ class Coroutines:
     def run(self, index: int, work: UnitOfWork, payload: Payload) -> None:
         """From processor thread ``index``, which started ``work`` in the
         ledger: hands it to the loop, waiting while the loop is full (the
-        thread's slot holds the job meanwhile, G19). Once quiet, the job
-        goes back to its queue instead."""
+        thread's slot holds the job meanwhile, G19), then waits a little
+        for room before its next fetch (``_wait_for_room``). Once quiet,
+        the job goes back to its queue instead."""
         with self._room:
-            while not self._free and not self.quiet.is_set():
-                self._room.wait(ROOM_WAIT_S)
+            self._holding += 1
+            try:
+                while not self._free and not self.quiet.is_set():
+                    self._room.wait(ROOM_WAIT_S)
+            finally:
+                self._holding -= 1
             slot = None if self.quiet.is_set() else self._free.pop()
         if slot is None:
             self.ledger.finished(index, work, None)
@@ -166,6 +174,19 @@ class Coroutines:
             self._woken = True
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self._start)
+        self._wait_for_room()
+
+    def _wait_for_room(self) -> None:
+        """After a hand-over, while the loop has no room: the thread does not
+        fetch yet. A coroutine job it fetched now would wait in its hands
+        and take the slots freed one by one, a fetch call each; it waits
+        instead until slots free (woken ``ROOM_BATCH`` at a time), and the
+        next fetch brings jobs for all of them (``room``). At most
+        ``ROOM_WAIT_S``: a loop full of long coroutines does not keep the
+        thread from the plain jobs queued behind them."""
+        with self._room:
+            if len(self._free) <= self._holding and not self.quiet.is_set():
+                self._room.wait(ROOM_WAIT_S)
 
     def _start(self) -> None:
         # Cleared first: a job handed over after the last pop below wakes
@@ -224,15 +245,17 @@ class Coroutines:
                 if len(self._free) == min(ROOM_BATCH, self.size):
                     self._room.notify_all()
 
-    def room(self) -> int:
+    def room(self, in_transit: int) -> int:
         """How many more jobs a fetch may bring for the loop: up to
-        ``FETCH_AHEAD`` of its free slots while it has taken a job within
+        ``FETCH_AHEAD`` of its free slots (less those the threads holding a
+        job wait for, and those ``in_transit``: fetched, or being fetched,
+        and not handed over yet) while it has taken a job within
         ``FETCH_AHEAD_FOR_S``, so that a stream of coroutine jobs costs one
         call per batch, not one per job; none otherwise, so that a process
         running plain jobs alone fetches as before."""
         if time.monotonic() - self.handed_at > FETCH_AHEAD_FOR_S:
             return 0
-        return min(len(self._free), FETCH_AHEAD)
+        return max(0, min(len(self._free) - self._holding - in_transit, FETCH_AHEAD))
 
     def blocking_job(self) -> UnitOfWork | None:
         """The job whose coroutine runs on the loop now (from another thread)."""

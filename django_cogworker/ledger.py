@@ -84,8 +84,9 @@ class Ledger:
         self.calling = False
         self.waiting = 0  # threads waiting in reserve()
         #: How many more jobs a call may fetch for the event loop of async
-        #: jobs (``Coroutines.room``); none in a process without one.
-        self.loop_room: Callable[[], int] = lambda: 0
+        #: jobs (``Coroutines.room``), given how many were fetched and not
+        #: started yet or are being fetched; none in a process without one.
+        self.loop_room: Callable[[int], int] | None = None
         self.pending: dict[bytes, Pending] = {}
         self.interrupted: set[bytes] = set()
         self._suspect = False
@@ -114,7 +115,8 @@ class Ledger:
                     # And the event loop's share (``Coroutines.room``: none
                     # while it takes no jobs, so plain jobs are fetched as
                     # before).
-                    free = min(free, 1 + self.waiting + self.loop_room(), most or free)
+                    loop = 0 if self.loop_room is None else self.loop_room(self._in_transit())
+                    free = min(free, 1 + self.waiting + loop, most or free)
                     self.reserved += free
                     self.calling = True
                     return Slots(free, calling=True)
@@ -123,6 +125,10 @@ class Ledger:
                     self._slots.wait(SLOT_WAIT_S)
                 finally:
                     self.waiting -= 1
+
+    def _in_transit(self) -> int:
+        """Jobs fetched and not started yet, or being fetched (the lock is held)."""
+        return sum(self.held.values()) + self.reserved
 
     def shrink(self, slots: Slots, count: int) -> None:
         """Gives back all but ``count`` of a reservation, and lets the other

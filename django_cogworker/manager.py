@@ -119,6 +119,7 @@ class Manager:
         """The fields of the process record that the processors decide."""
         return {
             "concurrency": str(self.concurrency),
+            "async_concurrency": str(self.async_concurrency),
             "queues": json.dumps([q.name if not q.weight else f"{q.name},{q.weight}" for q in self.queues]),
             "busy": str(self.busy()),
             "quiet": "1" if self.quiet.is_set() else "0",

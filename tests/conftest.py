@@ -479,6 +479,28 @@ class InProcessWorker:
 
 
 @pytest.fixture
+def async_jobs() -> Iterator[Any]:
+    """``testproject.testapp.async_jobs``, registered in this process while
+    the test runs, to enqueue them (workers started with
+    ``COGWORKER_TEST_ASYNC_JOBS`` register them too); the tests after it
+    get the registry as it was: an in-process worker would start its event
+    loop for them."""
+    from testproject.testapp import async_jobs
+
+    yield async_jobs
+    unregister_async_jobs()
+
+
+def unregister_async_jobs() -> None:
+    from django_cogworker import registry
+
+    for name in registry.names():
+        job = registry.get(name)
+        if job is not None and job.func.__module__ == "testproject.testapp.async_jobs":
+            registry._jobs.pop(name)
+
+
+@pytest.fixture
 def worker_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     """What in-process workers log (the logger does not propagate to the root)."""
     logger = logging.getLogger("django_cogworker")

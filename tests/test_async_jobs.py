@@ -22,11 +22,11 @@ import pytest
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
-from django_cogworker import registry, testing
+from django_cogworker import api, testing
 from django_cogworker.connection import get_keys
 from django_cogworker.payload import decode
 from testproject.testapp import async_jobs, jobs
-from tests.conftest import MANAGE, ROOT, CogEnv, Worker, manage_env, wait_for
+from tests.conftest import MANAGE, ROOT, CogEnv, Worker, manage_env, unregister_async_jobs, wait_for
 
 ASYNC_ENV = {"COGWORKER_TEST_ASYNC_JOBS": "1"}
 TIMEOUT_CLASS = "django_cogworker.errors.JobTimeout"
@@ -38,10 +38,7 @@ def _async_jobs_unregistered_after() -> Iterator[None]:
     (an in-process worker would start its event loop for them); the tests
     after it get the registry as it was."""
     yield
-    for name in registry.names():
-        job = registry.get(name)
-        if job is not None and job.func.__module__ == async_jobs.__name__:
-            registry._jobs.pop(name)
+    unregister_async_jobs()
 
 
 def start(cog: CogEnv, *args: str, **overrides: Any) -> Worker:
@@ -87,6 +84,9 @@ def test_g19_200_coroutines_on_two_threads_end_together_each_once_within_the_bou
     assert all(n["seen_jid"] == n["jid"] for n in notes)
     assert took_s <= 3.0
     assert 100 <= longest <= 102, longest
+    # The process record says what the bound is made of.
+    (record,) = [p for p in api.ProcessSet() if p.identity == worker.identity()]
+    assert (record.concurrency, record.async_concurrency) == (2, 100)
     worker.signal(signal.SIGTERM)
     assert worker.wait(15) == 0
     assert cog.redis.llen(key) == 0

@@ -38,6 +38,9 @@ TICK_S = 1.0
 BATCH = 200  # jobs enqueued per tick: more than the workers get through, so they are busy when hit
 JOB_S = 0.05  # how long each job takes
 STALL_S = 20.0  # the wait for the end fails when nothing moved for this long
+# The async variant: coroutines awaiting ASYNC_JOB_S, ASYNC_CONCURRENCY per process.
+ASYNC_CONCURRENCY = 12
+ASYNC_JOB_S = 0.1
 
 
 def identity_of(cog: CogEnv, worker: Worker) -> str | None:
@@ -77,26 +80,39 @@ class Chaos:
     held_by_killed: dict[int, set[str]] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
     last_hit: float = 0.0
+    #: The environment of every worker started (the async variant's).
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start_worker(self) -> Worker:
+        return self.cog.start_worker(env=self.env)
 
 
 def run_chaos(
-    cog: CogEnv, hit: Callable[[Chaos, list[Worker], int], None], *, parks: bool = False, **settings: Any
+    cog: CogEnv,
+    hit: Callable[[Chaos, list[Worker], int], None],
+    *,
+    parks: bool = False,
+    job: Any = jobs.noted_pace,
+    job_s: float = JOB_S,
+    env: dict[str, str] | None = None,
+    **settings: Any,
 ) -> Chaos:
-    """Streams jobs through WORKERS workers and hits one every tick; returns
-    once every job ran and nothing is left, after checking the invariants.
-    With ``parks``, a job may also end parked in dead as ProcessDied (the
-    caller judges whether it should have been)."""
+    """Streams jobs (``job(job_s, tag)``) through WORKERS workers started
+    with ``env`` and hits one every tick; returns once every job ran and
+    nothing is left, after checking the invariants. With ``parks``, a job
+    may also end parked in dead as ProcessDied (the caller judges whether
+    it should have been)."""
     seed = int(os.environ.get("COGWORKER_CHAOS_SEED", random.randrange(1_000_000)))
     rng = random.Random(seed)
     cog.configure(CONCURRENCY=CONCURRENCY, **settings)
-    chaos = Chaos(cog, seed)
-    workers = [cog.start_worker() for _ in range(WORKERS)]
+    chaos = Chaos(cog, seed, env=env or {})
+    workers = [chaos.start_worker() for _ in range(WORKERS)]
     for worker in workers:
         worker.identity()
     for tick in range(TICKS):
         tick_ends = time.monotonic() + TICK_S
         hit_at = time.monotonic() + rng.uniform(0.2, 0.9) * TICK_S
-        chaos.jids += jobs.noted_pace.delay_many([((JOB_S, f"{tick}-{i}"), {}) for i in range(BATCH)])
+        chaos.jids += job.delay_many([((job_s, f"{tick}-{i}"), {}) for i in range(BATCH)])
         if tick % 4 == 1:
             assert_each_in_one_place(cog, chaos.jids)
             chaos.samples += 1
@@ -132,7 +148,7 @@ def run_chaos(
     return chaos
 
 
-def report(chaos: Chaos, title: str, extra: str = "") -> tuple[list[str], int]:
+def report(chaos: Chaos, title: str, extra: str = "", per_hit: int = CONCURRENCY) -> tuple[list[str], int]:
     cog = chaos.cog
     ran = Counter(n["jid"] for n in cog.notes())
     lost = [jid for jid in chaos.jids if not ran[jid]]
@@ -143,10 +159,10 @@ def report(chaos: Chaos, title: str, extra: str = "") -> tuple[list[str], int]:
         for n in re.findall(r"requeued (\d+) job\(s\) left in progress by dead process", worker.log())
     )
     print(
-        f"\nchaos, {title} (seed {chaos.seed}): {len(chaos.jids)} jobs, {WORKERS} workers x {CONCURRENCY} "
-        f"threads, {chaos.hits} hits ({chaos.unbeaten_hits} of a worker not registered; holding "
+        f"\nchaos, {title} (seed {chaos.seed}): {len(chaos.jids)} jobs, {WORKERS} workers x {per_hit} "
+        f"in flight, {chaos.hits} hits ({chaos.unbeaten_hits} of a worker not registered; holding "
         f"{chaos.held_at_hits} jobs when hit, {recovered} put back by recovery), {len(lost)} lost, "
-        f"{second_runs} second runs (bound {chaos.hits * CONCURRENCY}), "
+        f"{second_runs} second runs (bound {chaos.hits * per_hit}), "
         f"{time.monotonic() - chaos.last_hit:.1f}s from the last hit to the end, "
         f"{chaos.samples} invariant samples{extra}"
     )
@@ -182,7 +198,7 @@ def sigkill(chaos: Chaos, workers: list[Worker], index: int) -> None:
         listed = chaos.cog.redis.lrange(keys().inprogress(identity), 0, -1)
         chaos.held_by_killed[victim.pid] = {str(decode(raw)["jid"]) for raw in listed}
     chaos.killed_pids.add(victim.pid)
-    workers[index] = chaos.cog.start_worker()
+    workers[index] = chaos.start_worker()
 
 
 def test_chaos_sigkill_a_random_worker_every_second(cog):
@@ -203,6 +219,28 @@ def test_chaos_sigkill_a_random_worker_every_second(cog):
     assert chaos.held_at_hits > 0, "no kill caught a worker holding jobs: the test proved nothing"
     assert process_died(cog) == [], "a job parked as a poison pill though no job kills its process"
     shut_down(cog, workers)
+
+
+def test_chaos_sigkill_a_random_worker_every_second_with_async_jobs(cog, async_jobs):
+    """The same chaos with ``async def`` jobs (SPEC section 15), on the same
+    reliable fetch: nothing lost, nothing parked, and second runs within
+    G19's bound, now ``CONCURRENCY + ASYNC_CONCURRENCY`` jobs per hit."""
+    in_flight = CONCURRENCY + ASYNC_CONCURRENCY
+    chaos = run_chaos(
+        cog,
+        sigkill,
+        job=async_jobs.anoted_pace,
+        job_s=ASYNC_JOB_S,
+        env={"COGWORKER_TEST_ASYNC_JOBS": "1"},
+        MAX_ORPHANINGS=3,
+        ASYNC_CONCURRENCY=ASYNC_CONCURRENCY,
+    )
+    lost, second_runs = report(chaos, "SIGKILL, async def jobs", per_hit=in_flight)
+    assert not lost, f"{len(lost)} jobs never ran"
+    assert second_runs <= chaos.hits * in_flight
+    assert chaos.held_at_hits > 0, "no kill caught a worker holding jobs: the test proved nothing"
+    assert process_died(cog) == []
+    shut_down(cog, chaos.workers)
 
 
 def held_when_killed(chaos: Chaos, jid: str) -> tuple[int, int]:

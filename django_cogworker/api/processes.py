@@ -58,6 +58,9 @@ class ProcessRecord:
     rss_kb: int
     fetch: str
     recovery: dict[str, Any]
+    #: ``ASYNC_CONCURRENCY`` in a process running ``async def`` jobs, else
+    #: 0: ``busy`` counts up to ``concurrency + async_concurrency`` (G19).
+    async_concurrency: int = 0
     #: The fields that are malformed (name -> why), read as 0, [] or {}.
     malformed: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -81,6 +84,7 @@ class ProcessRecord:
             rss_kb=f.number("rss_kb", int),
             fetch=f.get("fetch", ""),
             recovery=f.json("recovery", {}),
+            async_concurrency=f.number("async_concurrency", int),
             malformed=f.malformed,
         )
 

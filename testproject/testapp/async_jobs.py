@@ -33,6 +33,15 @@ async def anoop() -> None:
     pass
 
 
+@job(retry_in=lambda count, exc: 0.2)
+async def anoted_pace(seconds: float, tag: object = None) -> None:
+    """``noted_pace`` awaiting: notes its start, awaits, notes its end (the
+    async variant of the chaos test)."""
+    _note("started", tag=tag)
+    await asyncio.sleep(seconds)
+    _note("runs", tag=tag)
+
+
 @job(retry=False)
 async def ablock(seconds: float) -> None:
     """Blocks the event loop (the mistake the lag watch names)."""

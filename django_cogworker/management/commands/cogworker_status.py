@@ -40,6 +40,7 @@ def snapshot() -> dict[str, Any]:
             "pid": p.pid,
             "tag": p.tag,
             "concurrency": p.concurrency,
+            "async_concurrency": p.async_concurrency,
             "busy": p.busy,
             "queues": p.queues,
             "quiet": p.quiet,
@@ -85,8 +86,13 @@ def as_text(report: dict[str, Any]) -> str:
         beat = "" if p["last_beat_s_ago"] is None else f", last beat {p['last_beat_s_ago']:.0f}s ago"
         tag = f", tag {p['tag']}" if p["tag"] else ""
         quiet = ", quiet" if p["quiet"] else ""
+        capacity = (
+            f"{p['concurrency']} + {p['async_concurrency']} async"
+            if p["async_concurrency"]
+            else p["concurrency"]
+        )
         lines.append(
-            f"  {p['identity']}: pid {p['pid']}{tag}, busy {p['busy']}/{p['concurrency']}, "
+            f"  {p['identity']}: pid {p['pid']}{tag}, busy {p['busy']}/{capacity}, "
             f"queues {','.join(p['queues']) or '-'}{beat}{quiet}"
         )
     lines.append(f"queues: {len(report['queues'])}")
