@@ -190,7 +190,29 @@ def test_g22_members_run_again_after_a_recovery_change_nothing_before_or_after_s
     print(f"\nmembers run 3 times each: figures {before}, callbacks {dict(callback_runs(cog))}")
 
 
-# -- a poison pill, an expired member --------------------------------------------------------
+# -- retries, a poison pill, an expired member --------------------------------------------------------
+
+
+def test_g22_a_member_failing_twice_complete_after_its_first_failure_success_after_its_success(
+    cog: CogEnv,
+) -> None:
+    cog.start_worker().identity()
+    with batch(description="retried", **callbacks()) as b:
+        twice = str(batch_jobs.fails_then_succeeds.delay(2, "twice"))
+        batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(3)])
+    wait_fired(cog, b.bid, "settled")
+    assert_settled_once(cog, b.bid, {"success", "complete", "settled"})
+    failures = sorted(n["at"] for n in cog.notes("failed") if n["jid"] == twice)
+    [success] = [n["at"] for n in cog.notes() if n["jid"] == twice]
+    assert len(failures) == 2
+    starts = {
+        e: min(n["at"] for n in cog.notes("callbacks") if n["jid"] == f"{b.bid}-{e}") for e in fired(b.bid)
+    }
+    assert failures[0] <= starts["complete"] < success, (failures, starts, success)
+    assert callback_figures(cog, b.bid, "complete")["failed"] == 1
+    assert min(starts["success"], starts["settled"]) >= success
+    assert callback_figures(cog, b.bid, "success")["succeeded"] == 4
+    print(f"\nfails twice: failures at {failures}, success at {success}, callbacks started {starts}")
 
 
 def test_g22_a_poison_pill_member_counts_as_dead_and_death_fires_once(cog: CogEnv) -> None:

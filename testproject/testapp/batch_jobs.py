@@ -75,6 +75,16 @@ def flaky(seconds: float, tag: object = None) -> None:
     _note("runs", tag=tag, bid=_bid())
 
 
+@job(retry=5, retry_in=lambda count, exc: 0.5)
+def fails_then_succeeds(times: int, tag: object = None) -> None:
+    """Fails its first ``times`` tries, then succeeds."""
+    ctx = current_job()
+    if ctx is not None and ctx.retry_count < times:
+        _note("failed", tag=tag, bid=_bid())
+        raise ValueError(f"try {ctx.retry_count + 1} of {times} failing")
+    _note("runs", tag=tag, bid=_bid())
+
+
 @job(retry=0)
 def doomed(tag: object = None) -> None:
     """Always fails, never retried: filed in dead."""
@@ -143,8 +153,9 @@ def on_event(label: str) -> None:
         description=batch.description if batch is not None else None,
         figures=figures(bid),
     )
-    # Long enough for a SIGKILL to catch some callbacks running: they run again.
-    time.sleep(0.2)
+    # Long enough for a chaos test's kills to catch some callbacks running
+    # (they run again, under the same jid).
+    time.sleep(1.0)
 
 
 @job(retry_in=lambda count, exc: 0.2)
