@@ -63,6 +63,11 @@ class Opened:
     doomed: list[str] = field(default_factory=list)  # those expected to die
 
     @property
+    def jobs(self) -> list[str]:
+        """Its members that are jobs (a child batch is a member ``b:<bid>``)."""
+        return [jid for jid in self.members + self.doomed if not jid.startswith("b:")]
+
+    @property
     def expected(self) -> set[str]:
         return {"complete", "settled", "death"} if self.doomed else {"success", "complete", "settled"}
 
@@ -140,9 +145,9 @@ def finished(cog: CogEnv, opened: list[Opened]) -> bool:
     ran = {n["jid"] for n in cog.notes()}
     called = {n["jid"] for n in cog.notes("callbacks")}
     left = leftovers(cog)
-    doomed = sum(len(o.doomed) for o in opened)
+    doomed = sum(1 for o in opened for jid in o.doomed if jid in o.jobs)
     return (
-        all(set(o.members) <= ran for o in opened)
+        all({jid for jid in o.members if jid in o.jobs} <= ran for o in opened)
         and all(f"{o.bid}-{event}" in called for o in opened for event in o.expected)
         and left.pop("dead", 0) == doomed
         and left == {}
@@ -194,19 +199,22 @@ def hit_every_tick(
 
 
 def batch_chaos(
-    cog: CogEnv, open_one: Callable[[int], Opened], hit: Hit = sigkill
+    cog: CogEnv, open_one: Callable[[int], Opened | list[Opened]], hit: Hit = sigkill
 ) -> tuple[Chaos, list[Opened], Sampling]:
-    """One batch opened per tick of :func:`hit_every_tick`, its figures sampled throughout."""
+    """A batch (or a batch and its children) opened per tick of
+    :func:`hit_every_tick`, their figures sampled throughout."""
     opened: list[Opened] = []
 
     def each_tick(tick: int) -> list[str]:
-        opened.append(open_one(tick))
-        sampled.bids.append(opened[-1].bid)
-        return opened[-1].members
+        got = open_one(tick)
+        new = got if isinstance(got, list) else [got]
+        opened.extend(new)
+        sampled.bids.extend(o.bid for o in new)
+        return [jid for o in new for jid in o.members if jid in o.jobs]
 
     with sampling() as sampled:
         chaos = hit_every_tick(cog, each_tick, lambda: finished(cog, opened), hit)
-    assert_each_in_one_place(cog, [jid for o in opened for jid in o.doomed])
+    assert_each_in_one_place(cog, [jid for o in opened for jid in o.doomed if jid in o.jobs])
     return chaos, opened, sampled
 
 
@@ -254,7 +262,7 @@ def assert_callbacks_once(
                 assert seen["dead"] >= 1, seen
             else:
                 # Its run began after the first end of every member (notes: at their end).
-                assert first["at"] >= max(ended[j] for j in o.members + o.doomed), jid
+                assert first["at"] >= max(ended[j] for j in o.jobs), jid
         final = batch_jobs.figures(o.bid)
         assert final["pending"] == final["failed"] == 0 and not final["open"], final
         shown = api.Batch(o.bid)
