@@ -1,12 +1,16 @@
-"""G22 for child batches (SPEC section 13) under SIGKILL chaos: every tick
-a parent batch opens with members of its own and two child batches, one
-of which, every other tick, has a member that dies.
+"""G22 for child batches and members added from a running member (SPEC
+section 13) under SIGKILL chaos. Every tick a parent batch opens with
+members of its own and two child batches, one of which, every other tick,
+has a member that dies; or a batch opens whose members each add members
+to it (``current_batch().add``) while they run.
 
 A child's settlement moves it in its parent (``b:<child bid>``, succeeded,
 or dead if the child had a death) in the same script: the parent settles
 only after its children, a child's death is a dead member of the parent
 (``death`` fires in both, ``success`` in neither), and every callback of
-every level fires once. ``-s`` prints the figures.
+every level fires once. A batch waits for the members added to it: it
+settles after every one of them (a member killed after its adds runs
+again and adds again: every member added runs). ``-s`` prints the figures.
 """
 
 from __future__ import annotations
@@ -70,4 +74,40 @@ def test_g22_child_batches_under_sigkill_chaos_parents_settle_after_their_childr
     assert second_runs <= chaos.hits * CONCURRENCY
     assert process_died(cog) == []
     cog.redis.delete(keys().dead)  # the doomed members, where they should be: not leftovers
+    shut_down(cog, chaos.workers)
+
+
+FAN_OUTS = 40  # members per batch that each add ADDS members
+ADDS = 4
+
+
+def test_g22_members_added_from_running_members_under_sigkill_chaos_the_batch_waits_for_them(
+    cog: CogEnv,
+) -> None:
+    def open_fan_out(tick: int) -> Opened:
+        with batch(description=f"fan-out #{tick}", **callbacks()) as b:
+            calls = [((ADDS, JOB_S, f"{tick}-f{i}"), {}) for i in range(FAN_OUTS)]
+            jids = batch_jobs.fan_out.delay_many(calls)
+        return Opened(b.bid, f"fan-out #{tick}", [*map(str, jids)])
+
+    chaos, opened, sampled = batch_chaos(cog, open_fan_out)
+    runs = cog.notes()
+    for o in opened:
+        # The members added: every one ran, each counted in the batch (more
+        # than ADDS per fan-out when a kill made one run again and add again).
+        added = {n["jid"] for n in runs if n["bid"] == o.bid} - set(o.members)
+        tags = {n["tag"] for n in runs if n["bid"] == o.bid and n["jid"] in added}
+        assert tags == {f"{m['tag']}-{i}" for m in runs if m["jid"] in o.members for i in range(ADDS)}
+        o.members += sorted(added)
+    extra = assert_callbacks_once(chaos, opened)
+    lost, second_runs = report(
+        chaos,
+        "members adding members, SIGKILL",
+        f"{extra}, {sum(len(o.members) for o in opened) - len(opened) * FAN_OUTS} members added "
+        f"(at least {len(opened) * FAN_OUTS * ADDS}), {sampled.samples} figure samples",
+    )
+    assert sampled.faults == [], sampled.faults[:5]
+    assert not lost
+    assert second_runs <= chaos.hits * CONCURRENCY
+    assert process_died(cog) == []
     shut_down(cog, chaos.workers)

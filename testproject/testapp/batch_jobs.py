@@ -64,6 +64,19 @@ def member(seconds: float, tag: object = None) -> None:
     _note("runs", tag=tag, bid=_bid())
 
 
+@job(retry_in=lambda count, exc: 0.2)
+def fan_out(n: int, seconds: float, tag: str) -> None:
+    """Adds ``n`` members to its batch (``current_batch().add``), then
+    takes ``seconds``: a kill then catches it with its members added."""
+    _note("started", tag=tag, bid=_bid())
+    batch = current_batch()
+    assert batch is not None
+    for i in range(n):
+        batch.add(member.s(seconds, f"{tag}-{i}"))
+    time.sleep(seconds)
+    _note("runs", tag=tag, bid=_bid())
+
+
 @job(retry=5, retry_in=lambda count, exc: 0.2)
 def flaky(seconds: float, tag: object = None) -> None:
     """Fails its first run (per jid), succeeds on the next."""
