@@ -13,14 +13,14 @@
 -- Returns {index of the queue, job, job...}; false when every queue is
 -- empty; {0, "<key>: <error>"} when they are empty or broken.
 -- A job is on exactly one of the two lists at every moment: the script is
--- atomic, so an RPOP then LPUSH is one move, as LMOVE is. Why not LMOVE
--- for the first write: on a full Redis (maxmemory reached) a script whose
--- first write may grow memory is refused, LMOVE included; RPOP and LREM
--- cannot grow it, and once a script has written, Redis lets the rest of it
--- write (6.2 and 7 alike). So a worker goes on fetching from a full Redis,
--- and every job it finishes frees memory (SPEC section 8). A call that
--- acknowledges (a busy worker's) has written first, and moves with LMOVE:
--- one command a job, as on a server with room.
+-- atomic, so an RPOP then LPUSH is one move, as LMOVE is. On a full Redis
+-- (maxmemory reached) a script whose first write may grow memory is refused
+-- that write, LMOVE included; RPOP and LREM cannot grow it, and once a
+-- script has written, Redis lets the rest of it write (6.2 and 7 alike). So
+-- a first LMOVE refused for memory is done again as RPOP then LPUSH: a
+-- worker goes on fetching from a full Redis, and every job it finishes
+-- frees memory (SPEC section 8). On a server with room, and in a call that
+-- acknowledges (it has written first), a job costs one LMOVE.
 local nqueues = tonumber(ARGV[1])
 local inprogress = KEYS[nqueues + 1]
 for i = 3, #ARGV do
@@ -34,10 +34,8 @@ local broken = nil
 local want = tonumber(ARGV[2])
 local wrote = #ARGV >= 3
 for i = 1, nqueues do
-  local job
-  if wrote then
-    job = redis.pcall("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
-  else
+  local job = redis.pcall("LMOVE", KEYS[i], inprogress, "RIGHT", "LEFT")
+  if not wrote and type(job) == "table" and job.err and string.find(job.err, "OOM", 1, true) then
     job = redis.pcall("RPOP", KEYS[i])
     if type(job) == "string" then
       redis.call("LPUSH", inprogress, job)
@@ -57,7 +55,7 @@ for i = 1, nqueues do
     end
     broken = broken or KEYS[i] .. ": " .. job.err
   else
-    wrote = true  -- an empty RPOP is a write too
+    wrote = true  -- an empty LMOVE or RPOP is a write too
   end
 end
 if broken then
