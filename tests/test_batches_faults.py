@@ -123,6 +123,42 @@ def test_g22_g18_a_worker_stopped_past_the_threshold_its_late_acks_change_nothin
     print(f"\nSIGSTOP past the threshold: {recovered} recovery, {len(late)} late acks, figures {after}")
 
 
+def test_g22_g18_a_late_ack_before_the_recovered_run_leaves_the_member_pending(cog: CogEnv) -> None:
+    """The late ack comes while the recovered member waits on its (paused)
+    queue: it must not count the member, nor fire anything; the member
+    counts once its new run ends."""
+    k = keys()
+    stopped = cog.start_worker(CONCURRENCY=1, QUEUES=["default", "mail"])
+    stopped.identity()
+    with batch(description="late ack first", **callbacks()) as b:
+        slow = str(batch_jobs.slow_first.delay(4, "slow"))
+        batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(3)])
+    wait_for(lambda: ran(cog, slow, "started"), STALL_S, "the slow member running in the process to stop")
+    cog.redis.sadd(k.paused, "default")
+    stopped.signal(signal.SIGSTOP)
+    try:
+        cog.start_worker(QUEUES=["default"]).identity()  # recovers it; fetches nothing while paused
+        wait_for(
+            lambda: where_jobs_are(cog)[0].get(slow) == [k.queue("default")], STALL_S, "the member recovered"
+        )
+        before = batch_jobs.figures(b.bid)
+        stopped.signal(signal.SIGCONT)
+        # Its one thread ends its run and acks it, then fetches the probe:
+        # only it serves "mail".
+        batch_jobs.probe.set(queue="mail").delay(0, "after")
+        wait_for(lambda: cog.notes("probes"), STALL_S, "the continued process to run the probe")
+    finally:
+        stopped.signal(signal.SIGCONT)
+    assert [n["pid"] for n in cog.notes() if n["jid"] == slow] == [stopped.pid], "its run did not end late"
+    assert batch_jobs.figures(b.bid) == before, "the late ack moved the member or fired an event"
+    assert before["pending"] >= 1 and before["fired"] == [], before
+    assert where_jobs_are(cog)[0].get(slow) == [k.queue("default")]
+    cog.redis.srem(k.paused, "default")
+    wait_fired(cog, b.bid, "settled")
+    assert_settled_once(cog, b.bid, {"success", "complete", "settled"})
+    assert ran(cog, slow) == 2
+
+
 def test_g22_g18_sigstop_chaos_the_late_acks_of_continued_workers_change_nothing(cog: CogEnv) -> None:
     """The SIGKILL chaos of ``tests/test_batches_chaos.py``, but the worker
     hit is stopped past ORPHAN_THRESHOLD (its jobs recovered and run by the
