@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextvars
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -15,8 +15,10 @@ class JobContext:
     retry_count: int
     name: str
     #: The payload of a job in a workflow (a batch's member or callback, a
-    #: chain's step: SPEC section 13), None for any other.
-    workflow: dict[str, Any] | None = field(default=None, repr=False)
+    #: chain's step: SPEC section 13), None for any other. Not a field: set
+    #: on the instance for those jobs alone (``runs.begin``), so that a plain
+    #: job's context is built as fast as before.
+    workflow: ClassVar[dict[str, Any] | None] = None
 
     def remaining(self) -> float | None:
         """Seconds left before the job's ``timeout``: None, as this job has

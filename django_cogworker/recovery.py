@@ -193,6 +193,9 @@ class Recovery:
                 pipe.zadd(self.keys.dead, {encode_stored(entry): time.time()})
                 pipe.zrem(self.keys.dead, raw)
                 pipe.execute()
+                extra = effects.moved(self.keys, self.config, entry, effects.DEAD)
+                if extra[0]:
+                    script("batch_move")(self.client, *extra)  # dead in its batch too
                 self.buried_as_dead(entry)
             except Exception as exc:
                 logger.error("completing the dead entry of a repeat orphan failed: %s", exc)

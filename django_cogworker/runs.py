@@ -73,10 +73,6 @@ def begin(raw: bytes, payload: Payload | None, queue: str) -> Begun | Outcome:
         queue=str(payload.get("queue") or queue),
         retry_count=retry.next_retry_count(payload),
         name=job.name,
-        # The one test a plain job pays for workflows (SPEC section 13):
-        # every payload of one carries "bid" (None for a chain's step
-        # outside any batch).
-        workflow=payload if "bid" in payload else None,
     )
     # Written into the payload at enqueue, from @job or .set(); a plain job
     # pays these two tests and nothing else.
@@ -85,7 +81,11 @@ def begin(raw: bytes, payload: Payload | None, queue: str) -> Begun | Outcome:
         timeout_s = payload.get("timeout")
         if timeout_s is not None:
             deadline = time.monotonic() + timeout_s
-            ctx = TimedJobContext(ctx.jid, ctx.queue, ctx.retry_count, ctx.name, ctx.workflow, deadline)
+            ctx = TimedJobContext(ctx.jid, ctx.queue, ctx.retry_count, ctx.name, deadline)
+    # The one test a plain job pays for workflows (SPEC section 13): every
+    # payload of one carries "bid" (None for a chain's step outside any batch).
+    if "bid" in payload:
+        object.__setattr__(ctx, "workflow", payload)  # frozen: set once, here
     return payload, job, ctx, limited
 
 

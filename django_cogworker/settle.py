@@ -160,18 +160,18 @@ class Settler:
                 logger.error("could not acknowledge finished jobs yet (%s); will retry", exc)
 
     def apply(self, work: UnitOfWork, how: Pending) -> None:
-        flow = workflow_of(work)
+        flow, ctx = workflow_of(work), self.ctx
         if work.holds:
             if flow is None:
                 self.apply_releasing(work, how)
                 return
             # Released first, then settled with the workflow's effects: a
             # crash between leaves the job on our list, run again.
-            ctx = self.ctx
             state.release(ctx.client, ctx.keys, ctx.identity, work.jid, work.queue, work.holds)
             work.holds = ()
         if flow is not None:
-            settle_flow(self.ctx, self.inprogress if self.fetching.reliable else None, work, how, flow)
+            listed = self.inprogress if self.fetching.reliable else None
+            settle_flow(ctx.client, ctx.keys, ctx.config, listed, work, how, flow)
             self.unreleased.pop(work.raw, None)
             return
         fetcher = self.fetching.current()

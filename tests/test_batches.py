@@ -235,3 +235,28 @@ def test_g22_an_open_batch_is_kept_batch_ttl_renewed_by_each_end(cog: CogEnv) ->
     assert next(e for e in api.ScheduledSet() if e.jid == slow).retry()
     wait_settled(cog, parent.bid)
     assert 90 < cog.redis.ttl(cog.key(f"batch:{parent.bid}")) <= 100, "settled: BATCH_DONE_TTL"
+
+
+def test_g22_a_batch_and_the_children_of_its_block_open_in_one_call(
+    cog: CogEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_cogworker.workflows import state
+
+    calls: list[int] = []
+    real = state.open_sections
+
+    def counted(*args: Any) -> int:
+        calls.append(len(args[3]))
+        return real(*args)
+
+    monkeypatch.setattr(state, "open_sections", counted)
+    with batch(**callbacks(settled="fin")) as parent:
+        p = wf.member.delay("p")
+        with batch() as empty_child:
+            pass
+        with batch() as child:
+            wf.member.delay("c")
+    assert calls == [3], "one call, one section per batch"
+    assert "settled_at" in batch_hash(cog, empty_child.bid)
+    assert members(cog, parent.bid, "succeeded") == {f"b:{empty_child.bid}"}
+    assert members(cog, parent.bid, "pending") == {f"b:{child.bid}", p}

@@ -7,12 +7,17 @@ recovered from a dead process: still pending, nothing fires.
 
 from __future__ import annotations
 
+import json
 import signal
+import time
+from types import SimpleNamespace
 
 from django_cogworker import api, batch
 from django_cogworker.conf import get_config
+from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.launcher import Launcher
 from django_cogworker.payload import decode
+from django_cogworker.settle import file_unsettled
 from testproject.testapp import jobs
 from testproject.testapp import workflow_jobs as wf
 from tests.conftest import CogEnv, wait_for
@@ -77,6 +82,30 @@ def test_g22_g3_a_poison_pill_buried_is_a_dead_member(cog: CogEnv) -> None:
     assert launcher.recovery.bury_repeat_orphans() == 1
     assert members(cog, b.bid, "dead") == {jid}
     assert scheduled_jids(cog) == sorted([f"{b.bid}-death", f"{b.bid}-settled"])
+
+
+def test_g22_g3_a_pill_filed_raw_in_dead_by_the_requeue_is_a_dead_member(cog: CogEnv) -> None:
+    """requeue.lua files a repeat orphan raw in dead when its parking list
+    is unusable; completing that entry moves the member too."""
+    with batch(on_settled=wf.callback.s("fin")) as b:
+        jid = jobs.record.delay("pill")
+    raw = cog.redis.rpop(cog.key("queue:default"))
+    cog.redis.zadd(cog.key("dead"), {raw: time.time()})
+    Launcher(get_config(), identity="test-burier").recovery.complete_raw_burials([raw])
+    assert members(cog, b.bid, "dead") == {jid}
+    assert scheduled_jids(cog) == [f"{b.bid}-settled"]
+
+
+def test_g22_g8_a_failure_handed_to_unsettled_moves_its_member_when_filed(cog: CogEnv) -> None:
+    with batch(on_complete=wf.callback.s("done")) as b:
+        jid = jobs.record.delay("handed over")
+    raw = cog.redis.rpop(cog.key("queue:default"))
+    record = {"set": cog.key("retry"), "score": time.time() + 3600, "payload": raw.decode()}
+    cog.redis.rpush(cog.key("unsettled"), json.dumps(record))
+    ctx = SimpleNamespace(client=get_redis(), keys=get_keys(), config=get_config())
+    assert file_unsettled(ctx) == 1  # type: ignore[arg-type]
+    assert members(cog, b.bid, "failed") == {jid}
+    assert scheduled_jids(cog) == [f"{b.bid}-complete"], "it ran once: complete"
 
 
 def test_g22_expired_members_count_as_succeeded(cog: CogEnv) -> None:

@@ -9,7 +9,6 @@ nothing; a plain job's worker path sends what it sent before.
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import redis
@@ -109,13 +108,12 @@ def test_g22_a_second_completion_of_a_member_changes_nothing(cog: CogEnv) -> Non
     with batch(on_success=wf.callback.s("ok"), on_settled=wf.callback.s("fin")) as b:
         jobs.record.delay("only")
     client, keys = get_redis(), get_keys()
-    ctx = SimpleNamespace(client=client, keys=keys, config=get_config())
     inprogress = keys.inprogress("test-identity")
     raw = client.rpop(keys.queue("default"))
     for _ in range(2):
         client.lpush(inprogress, raw)
         work = UnitOfWork("default", raw)
-        settle_flow(ctx, inprogress, work, ACK, work.payload())  # type: ignore[arg-type]
+        settle_flow(client, keys, get_config(), inprogress, work, ACK, work.payload())
         assert members(cog, b.bid, "succeeded") == {work.jid}
         assert cog.redis.zcard(keys.schedule) == 2, "on_success and on_settled, once"
     state = batch_hash(cog, b.bid)
@@ -128,10 +126,9 @@ def test_g22_g18_a_late_end_of_a_job_no_longer_ours_changes_nothing(cog: CogEnv)
     with batch(on_settled=wf.callback.s("fin")) as b:
         jobs.record.delay("taken back")
     client, keys = get_redis(), get_keys()
-    ctx = SimpleNamespace(client=client, keys=keys, config=get_config())
     raw = client.lindex(keys.queue("default"), 0)
     work = UnitOfWork("default", raw)
-    settle_flow(ctx, keys.inprogress("revived"), work, ACK, work.payload())  # type: ignore[arg-type]
+    settle_flow(client, keys, get_config(), keys.inprogress("revived"), work, ACK, work.payload())
     assert members(cog, b.bid, "pending") == {work.jid}
     assert cog.redis.zcard(keys.schedule) == 0 and "fired:settled" not in batch_hash(cog, b.bid)
 
@@ -207,3 +204,18 @@ def test_g22_a_dead_step_retried_after_its_batch_settled_still_resumes_its_chain
     assert wait_runs(cog, 3) == [1, 1, 101], "double(101) ran: the chain resumed"
     assert len(members(cog, b.bid, "members")) == 1, "a settled batch takes no new member"
     assert len(cog.notes("callbacks")) == 2, "nothing fires again"
+
+
+def test_drain_runs_batches_and_chains_as_a_worker_does(cog: CogEnv) -> None:
+    from django_cogworker.testing import drain
+
+    with batch(on_success=wf.callback.s("ok"), on_settled=wf.callback.s("fin")) as b:
+        chain(wf.add.s(1, 2), wf.double.s()).delay()
+        wf.member.delay("m")
+    bid = chord([wf.member.s(i) for i in range(3)], wf.collect.s("body")).delay()
+    drain(include_scheduled=True)
+    assert batch_hash(cog, b.bid).get("settled_at")
+    by_tag = {r["tag"]: r for r in cog.notes("callbacks")}
+    assert set(by_tag) == {"ok", "fin", "body"} and by_tag["body"]["results"] == [0, 1, 2]
+    assert by_tag["body"]["bid"] == bid
+    assert [t for t in tags(cog) if t in ([1, 2], 3)] == [[1, 2], 3]

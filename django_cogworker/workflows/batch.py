@@ -100,23 +100,28 @@ class Batch:
         for child in self.children:
             child.cancel()
 
+    def family(self) -> list[Batch]:
+        """This batch, then the children opened inside its block, and theirs."""
+        return [self, *(b for child in self.children for b in child.family())]
+
     def push(self) -> None:
-        """Opens this batch with its members, then its children's."""
+        """Opens this batch with its members, and its children's: in one
+        call (all or none) up to ``state.CHUNK`` members in all; a larger
+        family batch by batch, this one first (it waits for its children
+        from then on), each in chunks."""
+        family = self.family()
+        client, keys, config = get_redis(), get_keys(), get_config()
         with redis_boundary("enqueue", refused=EnqueueRefused):
             try:
-                state.open_batch(
-                    get_redis(),
-                    get_keys(),
-                    get_config(),
-                    [self.bid, *self.ancestors],
-                    self.fields(),
-                    self.members,
-                )
+                if sum(len(b.members) for b in family) <= state.CHUNK:
+                    sections = [state.Section([b.bid, *b.ancestors], b.fields(), b.members) for b in family]
+                    state.open_sections(client, keys, config, sections)
+                    return
+                for b in family:
+                    state.open_batch(client, keys, config, [b.bid, *b.ancestors], b.fields(), b.members)
             except BaseException:
                 self.cancel()
                 raise
-        for child in self.children:
-            child.push()
 
 
 def _enclosing() -> tuple[Batch | None, list[str]]:

@@ -10,18 +10,17 @@ list (G18): a revived process's late end changes nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
+from django_cogworker.conf import Config
 from django_cogworker.errors import BadPayload
 from django_cogworker.filing import file_job
+from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ack, Pending
 from django_cogworker.payload import Payload, encode
 from django_cogworker.scripts import script
 from django_cogworker.work import UnitOfWork
 from django_cogworker.workflows import effects
-
-if TYPE_CHECKING:
-    from django_cogworker.fetch import FetchContext
 
 
 def workflow_of(work: UnitOfWork) -> Payload | None:
@@ -34,11 +33,18 @@ def workflow_of(work: UnitOfWork) -> Payload | None:
 
 
 def settle_flow(
-    ctx: FetchContext, inprogress: str | None, work: UnitOfWork, how: Pending, payload: Payload
+    client: Any,
+    keys: Keys,
+    config: Config,
+    inprogress: str | None,
+    work: UnitOfWork,
+    how: Pending,
+    payload: Payload,
 ) -> None:
     """Acknowledges or files a workflow's job with its effects, in one
-    script. Raises what Redis raised: the caller keeps it owed (G6)."""
-    keys, config = ctx.keys, ctx.config
+    script (``inprogress`` None: basic fetch, or the testing helpers'
+    ``drain()``: no list). Raises what Redis raised: the caller keeps it
+    owed (G6)."""
     if isinstance(how, Ack):
         move = effects.DEAD if work.lost else effects.SUCCEEDED
         following = effects.next_step(payload, work.result) if move == effects.SUCCEEDED else None
@@ -46,14 +52,14 @@ def settle_flow(
         extra = effects.end_args(keys, config, payload, move, work.result, following, raw)
         if inprogress is None:
             # Basic fetch: no list to take it off, nothing to ack; its effects alone.
-            script("batch_move")(ctx.client, *extra)
+            script("batch_move")(client, *extra)
             return
-        script("ack")(ctx.client, [inprogress, keys.orphanings(work.jid), *extra[0]], [work.raw, *extra[1]])
+        script("ack")(client, [inprogress, keys.orphanings(work.jid), *extra[0]], [work.raw, *extra[1]])
         return
     move = effects.DEAD if how.zset == keys.dead else effects.FAILED
     extra = effects.end_args(keys, config, payload, move, None, None)
     file_job(
-        ctx.client,
+        client,
         keys,
         config,
         inprogress,

@@ -3,15 +3,17 @@ enqueue side (SPEC section 13, ``docs/redis-layout.md``).
 
 Duties: build ``batch_open.lua``'s KEYS and ARGV (every key in ``KEYS``,
 so it runs on Redis Cluster: the namespace's hash tag keeps them in one
-slot); open a batch in chunks of ``CHUNK`` members, its membership recorded
+slot); open a batch with the children opened inside its block in one call,
+or a large one in chunks of ``CHUNK`` members, its membership recorded
 before any member is pushed, in the same call; add members to an open batch
-from a running member (``current_batch().add``).
+from a running member (``current_batch().add``); forget old batches.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django_cogworker.conf import Config
@@ -49,6 +51,47 @@ def level_keys(keys: Keys, bids: Sequence[str]) -> list[str]:
     return [key for bid in bids for key in keys.batch_keys(bid)]
 
 
+@dataclass(frozen=True)
+class Section:
+    """A batch's part of a ``batch_open.lua`` call: the batch (then its
+    ancestors), its hash's fields (written by its first section), members."""
+
+    bids: Sequence[str]
+    fields: dict[str, str | bytes]
+    members: Sequence[Member]
+    first: bool = True
+    last: bool = True
+
+
+def open_sections(client: Any, keys: Keys, config: Config, sections: Sequence[Section]) -> int:
+    """Every section in one ``batch_open.lua`` call, so in one step: a batch
+    and the children opened inside its block, all or none. Returns how many
+    members were pushed."""
+    script_keys = [keys.batches, keys.schedule, keys.queues]
+    args: list[Arg] = [*ttls(config)]
+    for section in sections:
+        queues: dict[str, int] = {}
+        entries: list[Arg] = []
+        for member, payload, at in section.members:
+            index = 0
+            if payload is not None and at is None:
+                index = queues.setdefault(str(payload["queue"]), len(queues) + 1)
+            raw = encode(payload) if payload is not None else b""
+            entries += [member, index, "" if at is None else repr(at), raw]
+        pairs: list[Arg] = (
+            [item for field in section.fields.items() for item in field] if section.first else []
+        )
+        script_keys += [*level_keys(keys, section.bids), *(keys.queue(name) for name in queues)]
+        args += [
+            "1" if section.first else "0",
+            "1" if section.last else "0",
+            len(section.bids),
+            *section.bids,
+        ]
+        args += [len(pairs) // 2, *pairs, len(queues), *queues, len(section.members), *entries]
+    return int(script("batch_open")(client, script_keys, args))
+
+
 def open_batch(
     client: Any,
     keys: Keys,
@@ -61,49 +104,12 @@ def open_batch(
     last: bool = True,
 ) -> int:
     """Opens the batch ``bids[0]`` (its ancestors after it) with
-    ``fields`` in its hash and pushes ``members``, in chunks. ``first`` /
-    ``last`` False: members added to a batch already open, which stays
-    open (``current_batch().add``). Returns how many were pushed."""
+    ``fields`` in its hash and pushes ``members``, a call per ``CHUNK``.
+    ``first`` / ``last`` False: members added to a batch already open, which
+    stays open (``current_batch().add``). Returns how many were pushed."""
     pushed = 0
     chunks = [members[i : i + CHUNK] for i in range(0, len(members), CHUNK)] or [[]]
     for n, chunk in enumerate(chunks):
-        pushed += _open_chunk(
-            client, keys, config, bids, fields, chunk, first and n == 0, last and n == len(chunks) - 1
-        )
+        section = Section(bids, fields, chunk, first and n == 0, last and n == len(chunks) - 1)
+        pushed += open_sections(client, keys, config, [section])
     return pushed
-
-
-def _open_chunk(
-    client: Any,
-    keys: Keys,
-    config: Config,
-    bids: Sequence[str],
-    fields: dict[str, str | bytes],
-    members: Sequence[Member],
-    first: bool,
-    last: bool,
-) -> int:
-    queues: dict[str, int] = {}
-    entries: list[Arg] = []
-    for member, payload, at in members:
-        index = 0
-        if payload is not None and at is None:
-            index = queues.setdefault(str(payload["queue"]), len(queues) + 1)
-        raw = encode(payload) if payload is not None else b""
-        entries += [member, index, "" if at is None else repr(at), raw]
-    script_keys = [keys.batches, keys.schedule, keys.queues, *level_keys(keys, bids)]
-    script_keys += [keys.queue(name) for name in queues]
-    pairs: list[Arg] = [item for field in fields.items() for item in field] if first else []
-    args: list[Arg] = [
-        "1" if first else "0",
-        "1" if last else "0",
-        *ttls(config),
-        len(bids),
-        *bids,
-        len(pairs) // 2,
-        *pairs,
-        len(queues),
-        *queues,
-        *entries,
-    ]
-    return int(script("batch_open")(client, script_keys, args))
