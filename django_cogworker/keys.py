@@ -79,6 +79,11 @@ class Keys:
         """The slots a process holds: ``<limiter>\\0<jid>`` members (G23)."""
         return self.limit_held_prefix + identity
 
+    def queue_clearing(self, name: str, token: str) -> str:
+        """A queue set aside by ``Queue.clear()`` while its batch members
+        are counted dead, then deleted."""
+        return f"{self.namespace}:clearing:{token}:{name}"
+
     def batch(self, bid: str, part: str = "") -> str:
         """A batch's hash (``part`` empty), or one of its parts: the sets
         ``members``, ``pending``, ``failed``, ``succeeded``, ``dead``, the

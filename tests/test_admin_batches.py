@@ -196,6 +196,28 @@ def test_g22_deleting_every_scheduled_job_counts_its_batch_members_dead(cog, sup
     worker.wait(30)
 
 
+def test_g22_clearing_a_queue_counts_its_batch_members_dead(cog, superclient):
+    cog.configure(QUEUES=["default"])  # the worker leaves "mail" alone
+    with batch(
+        description="queue cleared", on_death=wf.callback.s("dead"), on_settled=wf.callback.s("fin")
+    ) as b:
+        wf.member.delay("now")
+        for i in range(3):
+            wf.member.set(queue="mail").delay(f"m{i}")
+    wf.member.set(queue="mail").delay("plain")  # no batch
+    worker = cog.start_worker()
+    wait_for(lambda: api.Batch(b.bid).succeeded == 1, 30, "the member on default ran")
+    response = superclient.post(BASE + "queues/mail/clear/", follow=True)
+    assert messages_of(response) == ["Queue mail cleared: 4 jobs deleted."]
+    assert api.Queue("mail").size == 0 and cog.redis.keys(cog.key("clearing*")) == []
+    wait_for(lambda: len(cog.notes("callbacks")) == 2, 30, "on_death and on_settled ran")
+    figures = api.Batch(b.bid).figures()
+    assert (figures.succeeded, figures.dead, figures.pending, figures.settled) == (1, 3, 0, True)
+    assert api.Queue("nothing-here").clear() == 0
+    worker.signal(signal.SIGTERM)
+    worker.wait(30)
+
+
 def test_deleting_a_batch_asks_first_then_removes_its_keys(cog, superclient, imports):
     response = superclient.post(batch_url("imp7", "action/"), {"action": "delete"})
     assert response.status_code == 200 and "Yes, delete the batch" in text(response)
