@@ -65,15 +65,19 @@ async def aexecute(raw: bytes, config: Config, *, queue: str = "", payload: Payl
                 began = time.monotonic()
                 try:
                     await run.abefore()
-                    await _call(job.func, payload, ctx, limited)
+                    value = await _call(job.func, payload, ctx, limited)
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError) and _cancelled_from_outside():
                         raise  # the shutdown's (G8): no outcome, the job goes back
                     outcome, result = runs.failure_of(payload, exc, config, job, time.monotonic() - began)
                     await run.aafter(result)
                 else:
-                    outcome = runs.success(ctx.jid, job, time.monotonic() - began)
-                    await run.aafter(SUCCESS)
+                    outcome, after = runs.success(ctx.jid, job, time.monotonic() - began), SUCCESS
+                    if ctx.workflow is not None:
+                        outcome, after = runs.handed_on(outcome, payload, value, config, job)
+                    await run.aafter(after)
+                if ctx.workflow is not None:
+                    outcome.workflow = ctx.workflow
             finally:
                 await _close_connections(own_thread)
     finally:
@@ -81,23 +85,21 @@ async def aexecute(raw: bytes, config: Config, *, queue: str = "", payload: Payl
     return outcome
 
 
-async def _call(func: Any, payload: Payload, ctx: JobContext, limited: bool) -> None:
+async def _call(func: Any, payload: Payload, ctx: JobContext, limited: bool) -> Any:
     coro = func(*payload.get("args", []), **payload.get("kwargs", {}))
     if not limited:
-        await coro
-        return
+        return await coro
     timeout_s, hard_timeout_s = payload.get("timeout"), payload.get("hard_timeout")
     limits = None if hard_timeout_s is None else timeouts.hard_limit(ctx.jid, hard_timeout_s)
     try:
         if not isinstance(ctx, TimedJobContext):
-            await coro
-            return
+            return await coro
         # The loop's clock is the monotonic one the context's deadline (and
         # so ``remaining()``) counts down on.
         deadline = asyncio.timeout_at(ctx.deadline)
         try:
             async with deadline:
-                await coro
+                return await coro
         except TimeoutError:
             if deadline.expired():
                 raise JobTimeout(f"job exceeded its timeout of {timeout_s:g}s") from None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import transaction
@@ -40,6 +41,12 @@ from django_cogworker.payload import Payload, encode, encode_many
 #: to it instead of Redis.
 inline_runner: Callable[[Payload], Any] | None = None
 
+#: The batch being built in this context (``workflows/batch.py``): what
+#: is enqueued inside its ``with`` block is handed to it (the payloads the
+#: client chain accepted, their chain, ``at``), and pushed at its exit.
+Sink = Callable[[middleware.ClientChain, list[Payload], float | None], None]
+collecting: ContextVar[Sink | None] = ContextVar("cogworker_batch", default=None)
+
 #: Commands to queue on an enqueue's pipeline beside its payloads (the Tasks
 #: backend's result record): given one, the push is a MULTI.
 Also = Callable[[Any], object]
@@ -50,6 +57,10 @@ def enqueue(payload: Payload, at: float | None = None) -> str | None:
     ready = chain.run(payload, at=at)
     if ready is None:
         return None
+    sink = collecting.get()
+    if sink is not None:
+        sink(chain, [ready], at)
+        return str(ready["jid"])
     deliver(chain, [ready], at, on_commit=get_config().enqueue_on_commit)
     return str(ready["jid"])
 
@@ -59,6 +70,10 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str
     chain = middleware.client_chain()
     payloads = [ready for ready in (chain.run(p) for p in payloads) if ready is not None]
     jids = [str(p["jid"]) for p in payloads]
+    sink = collecting.get()
+    if sink is not None:
+        sink(chain, payloads, None)
+        return jids
     unconfirmed: list[EnqueueNotReplicated] = []
     for start in range(0, len(payloads), chunk_size):
         try:
@@ -87,6 +102,10 @@ async def aenqueue(payloads: list[Payload], at: float | None, *, chunk_size: int
     warn_if_not_installed()
     chain = middleware.client_chain()
     payloads = [ready for ready in (chain.run(p, at=at) for p in payloads) if ready is not None]
+    sink = collecting.get()
+    if sink is not None:
+        sink(chain, payloads, at)
+        return _jids(payloads)
     unconfirmed: list[EnqueueNotReplicated] = []
     for start in range(0, len(payloads), chunk_size):
         try:

@@ -70,6 +70,13 @@ DEFAULTS: dict[str, Any] = {
     "EMBEDDED_DIR": None,
     # The bearer token the metrics view accepts; None: staff sessions only.
     "METRICS_TOKEN": None,
+    # Workflows (SPEC section 13): an open batch's keys live this long,
+    # renewed by each member's end; a settled batch's this long after.
+    "BATCH_TTL": 30 * 24 * 3600,
+    "BATCH_DONE_TTL": 7 * 24 * 3600,
+    # A chord member's (or a chain step's) return value, encoded as JSON, at
+    # most this many bytes: it is kept in Redis until the batch settles.
+    "BATCH_RESULT_MAX_BYTES": 1024 * 1024,
 }
 
 DEFAULT_NAMESPACE = "cogworker"
@@ -122,6 +129,9 @@ class Config:
     embedded_dir: str
     #: ``views.metrics`` answers ``Authorization: Bearer <metrics_token>``.
     metrics_token: str | None
+    batch_ttl_s: float
+    batch_done_ttl_s: float
+    batch_result_max_bytes: int
 
     @property
     def weighted(self) -> bool:
@@ -246,6 +256,9 @@ def get_config() -> Config:
         enqueue_wait_timeout_s=float(values["ENQUEUE_WAIT_TIMEOUT"]),
         embedded_dir=str(embedded_dir),
         metrics_token=token or None,
+        batch_ttl_s=float(values["BATCH_TTL"]),
+        batch_done_ttl_s=float(values["BATCH_DONE_TTL"]),
+        batch_result_max_bytes=int(values["BATCH_RESULT_MAX_BYTES"]),
     )
 
 

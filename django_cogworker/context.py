@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import time
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -13,6 +14,11 @@ class JobContext:
     queue: str
     retry_count: int
     name: str
+    #: The payload of a job in a workflow (a batch's member or callback, a
+    #: chain's step: SPEC section 13), None for any other. Not a field: set
+    #: on the instance for those jobs alone (``runs.begin``), so that a plain
+    #: job's context is built as fast as before.
+    workflow: ClassVar[dict[str, Any] | None] = None
 
     def remaining(self) -> float | None:
         """Seconds left before the job's ``timeout``: None, as this job has

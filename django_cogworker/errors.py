@@ -74,6 +74,12 @@ class BadPayload(CogworkerError):
     """A payload that cannot be run: not JSON, not an object, or misshapen."""
 
 
+class BatchNotFound(CogworkerError, LookupError):
+    """``api.Batch(bid)``: no batch has this id in Redis: it never existed,
+    or it expired (``BATCH_TTL`` open, ``BATCH_DONE_TTL`` settled) or was
+    deleted."""
+
+
 class ProcessDied(CogworkerError):
     """Filed in dead for a job whose process died under it too many times."""
 

@@ -40,7 +40,7 @@ from django_cogworker.outcomes import (
     limit_failed,
 )
 from django_cogworker.payload import Payload
-from django_cogworker.runs import begin, close_old_connections_here, failed, succeeded
+from django_cogworker.runs import begin, close_old_connections_here, failed, flow_succeeded, succeeded
 
 __all__ = [
     "ACK",
@@ -93,11 +93,11 @@ def execute(
         try:
             run.before()
             if not limited:
-                job.func(*payload.get("args", []), **payload.get("kwargs", {}))
+                value = job.func(*payload.get("args", []), **payload.get("kwargs", {}))
             else:
                 # Armed around the function alone: a JobTimeout never lands
                 # in the middleware or in what follows.
-                timeouts.call(
+                value = timeouts.call(
                     jid,
                     payload.get("timeout"),
                     ctx.deadline if isinstance(ctx, TimedJobContext) else None,
@@ -114,7 +114,12 @@ def execute(
                 # raised here, the job would be in no queue and no set.
                 outcome.interrupted = exc
         else:
-            outcome = succeeded(jid, job, time.monotonic() - began, run)
+            if ctx.workflow is None:
+                outcome = succeeded(jid, job, time.monotonic() - began, run)
+            else:
+                outcome = flow_succeeded(payload, value, config, job, time.monotonic() - began, run)
+        if ctx.workflow is not None:
+            outcome.workflow = ctx.workflow
     finally:
         reset_current(token)
         if close_connections:

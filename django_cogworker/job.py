@@ -24,6 +24,7 @@ from django_cogworker.errors import EnqueueRefused, redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.limits.limiter import Limiter
 from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid, new_jids
+from django_cogworker.workflows.signature import Signature
 
 RetryIn = Callable[[int, BaseException], float | int | None]
 OnExhausted = Callable[[Payload, BaseException], Any]
@@ -105,6 +106,15 @@ class Job:
                 f"job {self.name!r}: hard_timeout ({self.hard_timeout:g}s) must not be shorter than timeout "
                 f"({self.timeout:g}s): the process would exit before the job's own timeout could stop it"
             )
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this call, for a workflow (SPEC section 13),
+        checked now as ``.delay()`` checks its arguments."""
+        return Signature.of(self, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: in a chain, it takes no previous result."""
+        return self.s(*args, **kwargs).si()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """A plain call runs the function inline; nothing is enqueued."""

@@ -13,6 +13,9 @@ from django_cogworker.escaping import storable
 #: The minute in a per-minute counter's name (UTC): ``2026-03-14T09:05``.
 MINUTE_FORMAT = "%Y-%m-%dT%H:%M"
 
+#: A batch's keys, in the order the scripts take them: its hash, then its parts.
+BATCH_PARTS = ("", "members", "pending", "failed", "succeeded", "dead", "results", "order")
+
 
 class Keys:
     def __init__(self, namespace: str) -> None:
@@ -76,11 +79,21 @@ class Keys:
         """The slots a process holds: ``<limiter>\\0<jid>`` members (G23)."""
         return self.limit_held_prefix + identity
 
+    def queue_clearing(self, name: str, token: str) -> str:
+        """A queue set aside by ``Queue.clear()`` while its batch members
+        are counted dead, then deleted."""
+        return f"{self.namespace}:clearing:{token}:{name}"
+
     def batch(self, bid: str, part: str = "") -> str:
         """A batch's hash (``part`` empty), or one of its parts: the sets
         ``members``, ``pending``, ``failed``, ``succeeded``, ``dead``, the
         hash ``results`` and the list ``order`` (docs/redis-layout.md)."""
         return f"{self.batch_prefix}{bid}:{part}" if part else f"{self.batch_prefix}{bid}"
+
+    def batch_keys(self, bid: str) -> list[str]:
+        """Every key of a batch, in the order ``lua/lib/batches.lua`` takes
+        them (``BATCH_PARTS``)."""
+        return [self.batch(bid, part) for part in BATCH_PARTS]
 
     def queue(self, name: str) -> str:
         return self.queue_prefix + name

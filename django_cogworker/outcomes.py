@@ -51,6 +51,13 @@ class Outcome:
     interrupted: BaseException | None = None
     #: WAIT: the full limiter (a ``limits.Limiter``).
     waits_for: Any = None
+    #: The payload of a workflow's job (SPEC section 13): its end is sent at
+    #: once, with its effects (``workflows/effects.py``); None for any other.
+    workflow: Payload | None = None
+    #: A chord member's or chain step's return value, as JSON.
+    result: str | None = None
+    #: Dropped as expired (``expiry.drop``): a batch counts it as succeeded.
+    expired: bool = False
 
     def encoded(self) -> bytes:
         assert self.payload is not None
@@ -97,7 +104,8 @@ def failure(payload: Payload, exc: BaseException, config: Config, job: Job, took
         delay = retry.backoff_s(count, exc, job)
         if expiry.FIELD in failed and _retry_too_late(failed, delay):
             logger.warning("jid=%s %s %s; its retry would come after its deadline", jid, failed["job"], what)
-            return Outcome(ACK, failed=True, jid=jid, ran=ran)  # the middleware releases its lock (final)
+            # The middleware releases its lock (final).
+            return Outcome(ACK, failed=True, jid=jid, ran=ran, expired=True)
         logger.warning("jid=%s %s %s; retry %d in %.1fs", jid, failed["job"], what, count + 1, delay)
         logger.info("jid=%s %s traceback of attempt %d:", jid, failed["job"], count + 1, exc_info=exc)
         return Outcome(RETRY, failed, now + delay, failed=True, jid=jid, ran=ran)

@@ -6,8 +6,9 @@ many processes polling at once never move a job twice. The period is random
 around ``POLL_INTERVAL`` times the number of live processes, so the whole
 cluster polls every ``POLL_INTERVAL`` on average. A job whose deadline
 (``expires``) has passed on Redis's clock is removed in the same call
-instead of pushed, and recorded by ``expiry.drop``. Each pass also sweeps
-the limiters (``limits.state.sweep``).
+instead of pushed, and recorded by ``expiry.drop`` (a batch's member counts
+as succeeded). Each pass also sweeps the limiters (``limits.state.sweep``)
+and forgets batches older than ``BATCH_TTL`` from ``N:batches``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ import time
 from typing import Any
 
 from django_cogworker import expiry
-from django_cogworker.conf import DEFAULT_QUEUE
+from django_cogworker.conf import DEFAULT_QUEUE, get_config
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
 from django_cogworker.limits import state
 from django_cogworker.payload import Payload, encode_stored, parse
 from django_cogworker.process import ProcessContext
 from django_cogworker.scripts import script
+from django_cogworker.workflows import effects
+from django_cogworker.workflows import state as batches
 
 logger = logging.getLogger("django_cogworker")
 
@@ -87,6 +90,7 @@ class Poller:
                 # Limiters' waiters whose wake was missed, and idle names
                 # forgotten (SPEC section 14): one HGETALL when none is used.
                 state.sweep(self.client, self.keys)
+                batches.trim(self.client, self.keys, self.config)
             except Exception as exc:
                 # An outage is the process's to log (once); any other error
                 # once until the poller works again, not on every pass.
@@ -130,7 +134,9 @@ def move_due(client: Any, keys: Keys, zset: str, stop: threading.Event | None = 
             args += [entry, payload, queue]
         count, dropped = script("move_due")(client, script_keys, args)
         count = int(count) + len(dropped)
-        expiry.drop(client, keys, [expiring[int(i)] for i in dropped], f"not moved from {zset}")
+        gone = [expiring[int(i)] for i in dropped]
+        expiry.drop(client, keys, gone, f"not moved from {zset}")
+        effects.expired(client, keys, get_config(), gone)
         moved += count
         if count == 0 or len(entries) < BATCH_SIZE:
             break  # nothing movable left (a broken queue key keeps its jobs back)

@@ -139,7 +139,9 @@ class Processor:
             payload = None  # execute() files it in dead, raw kept (G13)
         if payload is not None and expiry.FIELD in payload and self.expired(payload):
             # Dropped unrun: neither processed nor failed.
-            unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None)
+            unrun = execution.Outcome(execution.ACK, jid=work.jid, failed=None, expired=True)
+            if "bid" in payload:
+                unrun.workflow = payload  # a batch counts it as succeeded, with its ack
             crew.settler.finished(self.index, work, unrun)
             ctx = crew.fetching.ctx
             admission.dropped_unrun(ctx.client, ctx.keys, work.jid, payload, work.queue, crew.config)

@@ -30,6 +30,7 @@ from django_cogworker.payload import Payload, encode_stored, salvage
 from django_cogworker.process import ProcessContext
 from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_list
 from django_cogworker.scripts import script
+from django_cogworker.workflows import effects
 
 logger = logging.getLogger("django_cogworker")
 
@@ -168,10 +169,13 @@ class Recovery:
         buried = 0
         for raw in self.client.lrange(self.keys.repeat_orphans, 0, -1):
             entry = {**salvage(raw), **self.repeat_orphan_error()}
+            # A batch's member buried as a poison pill is dead in its batch,
+            # in the same step (SPEC section 13).
+            extra = effects.moved(self.keys, self.config, entry, effects.DEAD)
             moved = script("file_head")(
                 self.client,
-                [self.keys.repeat_orphans, self.keys.dead],
-                [raw, repr(time.time()), encode_stored(entry)],
+                [self.keys.repeat_orphans, self.keys.dead, *extra[0]],
+                [raw, repr(time.time()), encode_stored(entry), *extra[1]],
             )
             if moved == 1:
                 buried += 1
@@ -189,6 +193,9 @@ class Recovery:
                 pipe.zadd(self.keys.dead, {encode_stored(entry): time.time()})
                 pipe.zrem(self.keys.dead, raw)
                 pipe.execute()
+                extra = effects.moved(self.keys, self.config, entry, effects.DEAD)
+                if extra[0]:
+                    script("batch_move")(self.client, *extra)  # dead in its batch too
                 self.buried_as_dead(entry)
             except Exception as exc:
                 logger.error("completing the dead entry of a repeat orphan failed: %s", exc)

@@ -24,6 +24,7 @@ from django_cogworker.context import JobContext, TimedJobContext
 from django_cogworker.errors import BadPayload, JobNotRegistered, OverLimit
 from django_cogworker.outcomes import ACK, SUCCESS, WAIT, WAITING, Outcome, dead_letter, failure, result_of
 from django_cogworker.payload import Payload, decode
+from django_cogworker.workflows import effects
 
 if TYPE_CHECKING:
     from django_cogworker.job import Job
@@ -81,6 +82,10 @@ def begin(raw: bytes, payload: Payload | None, queue: str) -> Begun | Outcome:
         if timeout_s is not None:
             deadline = time.monotonic() + timeout_s
             ctx = TimedJobContext(ctx.jid, ctx.queue, ctx.retry_count, ctx.name, deadline)
+    # The one test a plain job pays for workflows (SPEC section 13): every
+    # payload of one carries "bid" (None for a chain's step outside any batch).
+    if "bid" in payload:
+        object.__setattr__(ctx, "workflow", payload)  # frozen: set once, here
     return payload, job, ctx, limited
 
 
@@ -112,6 +117,32 @@ def succeeded(jid: str, job: Job, took_s: float, run: middleware.ServerRun) -> O
     outcome = success(jid, job, took_s)
     run.after(SUCCESS)
     return outcome
+
+
+def flow_succeeded(
+    payload: Payload, value: Any, config: Config, job: Job, took_s: float, run: middleware.ServerRun
+) -> Outcome:
+    """A workflow's job that returned (SPEC section 13): a chord member's
+    or chain step's value must be JSON within BATCH_RESULT_MAX_BYTES, else
+    the run failed, with an error that says so."""
+    outcome, result = handed_on(
+        success(str(payload.get("jid") or ""), job, took_s), payload, value, config, job
+    )
+    run.after(result)
+    return outcome
+
+
+def handed_on(
+    outcome: Outcome, payload: Payload, value: Any, config: Config, job: Job
+) -> tuple[Outcome, middleware.Result]:
+    """A workflow job's success with its value handed on, or the failure
+    its value makes (not JSON, too large)."""
+    try:
+        outcome.result = effects.result_of(payload, value, config)
+    except effects.ResultRefused as exc:
+        took_s = outcome.ran[1] if outcome.ran else 0.0
+        return failure_of(payload, exc, config, job, took_s)
+    return outcome, SUCCESS
 
 
 def success(jid: str, job: Job, took_s: float) -> Outcome:

@@ -34,6 +34,8 @@ from django_cogworker.payload import salvage
 from django_cogworker.requeue import requeue_list, requeue_one
 from django_cogworker.scripts import script
 from django_cogworker.work import UnitOfWork
+from django_cogworker.workflows import effects
+from django_cogworker.workflows.ends import settle_flow, workflow_of
 
 logger = logging.getLogger("django_cogworker")
 
@@ -75,6 +77,9 @@ class Settler:
         elif outcome.kind == execution.WAIT:
             self.wait(work, outcome.waits_for)
         else:
+            if outcome.workflow is not None:
+                work.result = outcome.result
+                work.lost = outcome.kind == execution.ACK and outcome.failed is True and not outcome.expired
             self.settle(work, outcome)
         self.ledger.finished(index, work, outcome.failed, outcome.ran)
 
@@ -85,9 +90,14 @@ class Settler:
         # A recovered job is acknowledged at once, with its orphan counter:
         # left owed, a kill before the next fetch would count it as orphaned
         # again though it had finished (G19). A job holding a limiter's slot
-        # too: its release rides the call that settles it, now (SPEC 14).
+        # too: its release rides the call that settles it, now (SPEC 14). A
+        # workflow's job too: its effects ride its ack (SPEC 13).
         return (
-            outcome.kind == execution.ACK and self.fetching.reliable and not work.recovered and not work.holds
+            outcome.kind == execution.ACK
+            and self.fetching.reliable
+            and not work.recovered
+            and not work.holds
+            and outcome.workflow is None
         )
 
     def settle(self, work: UnitOfWork, outcome: Outcome) -> None:
@@ -107,7 +117,7 @@ class Settler:
                     "could not settle jid=%s yet (%s: %s); will retry", outcome.jid, type(exc).__name__, exc
                 )
             self.ledger.owe(work.raw, how)
-            if work.holds:
+            if work.holds or outcome.workflow is not None:
                 self.unreleased[work.raw] = work
 
     def wait(self, work: UnitOfWork, limiter: Limiter) -> None:
@@ -150,8 +160,19 @@ class Settler:
                 logger.error("could not acknowledge finished jobs yet (%s); will retry", exc)
 
     def apply(self, work: UnitOfWork, how: Pending) -> None:
+        flow, ctx = workflow_of(work), self.ctx
         if work.holds:
-            self.apply_releasing(work, how)
+            if flow is None:
+                self.apply_releasing(work, how)
+                return
+            # Released first, then settled with the workflow's effects: a
+            # crash between leaves the job on our list, run again.
+            state.release(ctx.client, ctx.keys, ctx.identity, work.jid, work.queue, work.holds)
+            work.holds = ()
+        if flow is not None:
+            listed = self.inprogress if self.fetching.reliable else None
+            settle_flow(ctx.client, ctx.keys, ctx.config, listed, work, how, flow)
+            self.unreleased.pop(work.raw, None)
             return
         fetcher = self.fetching.current()
         if isinstance(how, Ack):
@@ -263,7 +284,13 @@ class Settler:
         for raw, how in self.ledger.owed().items():
             self.settle_owed(raw, how)
         owed = self.ledger.owed()
-        acks = [raw for raw, how in owed.items() if isinstance(how, Ack)]
+        # A workflow's job whose end could not be sent is put back, to run
+        # again: dropped as finished, its batch would wait for it forever.
+        acks = [
+            raw
+            for raw, how in owed.items()
+            if isinstance(how, Ack) and workflow_of(self.unreleased.get(raw) or UnitOfWork("", raw)) is None
+        ]
         filings = {raw: how for raw, how in owed.items() if isinstance(how, Filing)}
         ctx = self.ctx
         try:
@@ -305,7 +332,13 @@ def file_unsettled(ctx: FetchContext) -> int:
             logger.error("dropping an unreadable unsettled record: %r", record[:200])
             client.lrem(k.unsettled, 1, record)
             continue
-        if script("file_head")(client, [k.unsettled, zset], [record, repr(score), payload]) != 1:
+        extra = effects.filed(k, ctx.config, zset, salvage(payload))
+        if (
+            script("file_head")(
+                client, [k.unsettled, zset, *extra[0]], [record, repr(score), payload, *extra[1]]
+            )
+            != 1
+        ):
             break
         filed += 1
     return filed

@@ -13,7 +13,11 @@ running it; ``drain(include_scheduled=True)`` moves due entries with the
 poller's script, which drops the expired ones itself.
 
 Both run ``async def`` jobs too, each on an event loop of its own
-(``execution.execute`` hands them to ``arun.run_here``).
+(``execution.execute`` hands them to ``arun.run_here``). ``drain()`` runs
+workflows (SPEC section 13) as a worker does: a member's end moves it in its
+batch, a chain's next step is pushed, callbacks go to the schedule (run them
+with ``include_scheduled=True``); ``inline()`` runs a batch's members as
+they are enqueued, and keeps no batch state.
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ from django_cogworker.conf import Config, get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import BadPayload
 from django_cogworker.filing import file_job
+from django_cogworker.ledger import ACK, Filing, Pending
 from django_cogworker.payload import Payload, decode
 from django_cogworker.poller import move_due
+from django_cogworker.work import UnitOfWork
+from django_cogworker.workflows import effects
+from django_cogworker.workflows.ends import settle_flow
 
 logger = logging.getLogger("django_cogworker")
 
@@ -93,7 +101,10 @@ def drain(queues: list[str] | None = None, *, include_scheduled: bool = False, m
             continue
         outcome = execution.execute(got, config, close_connections=False, payload=payload)
         ran += 1
-        _apply(redis_client, k, outcome, config)
+        if payload is not None and "bid" in payload:
+            _apply_flow(redis_client, k, outcome, config, UnitOfWork("", got), payload)
+        else:
+            _apply(redis_client, k, outcome, config)
         if outcome.interrupted is not None:
             # Filed first: a KeyboardInterrupt stops the caller, as Ctrl-C
             # should, and loses no job.
@@ -115,6 +126,7 @@ def _expired(payload: Payload) -> bool:
         return False
     if late:
         expiry.drop(redis_client, get_keys(), [payload], "not started in time")
+        effects.expired(redis_client, get_keys(), get_config(), [payload])
     return late
 
 
@@ -134,6 +146,20 @@ def _apply(redis_client: Any, k: Any, outcome: execution.Outcome, config: Config
         trim = outcome.kind == execution.DEAD
         payload, jid = outcome.encoded(), outcome.jid
         file_job(redis_client, k, config, None, b"", zset, outcome.score, payload, jid, trim)
+
+
+def _apply_flow(
+    redis_client: Any, k: Any, outcome: execution.Outcome, config: Config, work: UnitOfWork, payload: Payload
+) -> None:
+    """A workflow's job (SPEC section 13): its end with its effects, as a
+    worker under basic fetch sends it (no list)."""
+    how: Pending = ACK
+    if outcome.kind in (execution.RETRY, execution.DEAD):
+        zset = k.retry if outcome.kind == execution.RETRY else k.dead
+        how = Filing(zset, outcome.score, outcome.encoded(), outcome.jid, outcome.kind == execution.DEAD)
+    work.result = outcome.result
+    work.lost = outcome.kind == execution.ACK and outcome.failed is True and not outcome.expired
+    settle_flow(redis_client, k, config, None, work, how, payload)
 
 
 def _move_due(redis_client: Any, k: Any) -> None:

@@ -170,8 +170,8 @@ def call(
     func: Callable[..., Any],
     args: Any,
     kwargs: Any,
-) -> None:
-    """Runs ``func`` under its limits: the ``timeout`` runs out at
+) -> Any:
+    """Runs ``func`` under its limits (returning what it returns): the ``timeout`` runs out at
     ``deadline`` (monotonic, the one the job's ``remaining()`` counts down
     to), the hard one counts from now. A ``JobTimeout`` leaves with its message; none is
     pending once this returns or raises."""
@@ -181,7 +181,7 @@ def call(
     try:
         try:
             watchdog.arm(limits, deadline, hard_deadline)
-            func(*args, **kwargs)
+            return func(*args, **kwargs)
         finally:
             watchdog.disarm(limits)
     except JobTimeout as exc:

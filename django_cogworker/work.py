@@ -32,6 +32,11 @@ class UnitOfWork:
     #: Runs isolated (recovered again, G3): an ``async def`` one then runs
     #: in its thread, not on the event loop beside the others.
     isolated: bool = False
+    #: A workflow's job (SPEC section 13): the return value it hands on
+    #: (JSON), and whether it ended failed for good though acknowledged
+    #: (``dead=False``): dead in its batch.
+    result: str | None = None
+    lost: bool = False
 
     def payload(self) -> Payload:
         """The decoded payload (parsed once), or BadPayload (G13)."""

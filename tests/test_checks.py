@@ -112,6 +112,8 @@ def test_e002_unknown_keys_with_a_suggestion_when_one_is_close():
         "FETCH_IDLE_MAX_INTERVAL",
         "POLL_INTERVAL",
         "DEAD_TIMEOUT",
+        "BATCH_TTL",
+        "BATCH_DONE_TTL",
     ],
 )
 @pytest.mark.parametrize("value", [0, -1, "10", True, None])
@@ -137,7 +139,7 @@ def test_e003_shutdown_timeout_may_be_zero_but_not_negative():
     ]
 
 
-@pytest.mark.parametrize("key", ["CONCURRENCY", "DEAD_MAX_JOBS"])
+@pytest.mark.parametrize("key", ["CONCURRENCY", "DEAD_MAX_JOBS", "BATCH_RESULT_MAX_BYTES"])
 @pytest.mark.parametrize("value", [0, 2.5, "4", False])
 def test_e004_counts_of_at_least_one(key, value):
     assert run({key: value}) == [

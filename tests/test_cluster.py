@@ -27,6 +27,19 @@ from testproject.testapp import jobs
 from tests.conftest import CogEnv, wait_for
 from tests.test_admin import *  # noqa: F403  (the admin pages, on the cluster)
 from tests.test_api import *  # noqa: F403  (the inspection API)
+from tests.test_batches import (  # G22: every key of a batch's scripts in one slot
+    test_g22_child_batches_settle_before_their_parent,  # noqa: F401
+    test_g22_deaths_fire_on_death_and_settled_never_success,  # noqa: F401
+    test_g22_members_pushed_at_exit_and_each_callback_once,  # noqa: F401
+)
+from tests.test_batches_ends import (
+    test_g22_a_dead_member_retried_before_settlement_is_live_again,  # noqa: F401
+    test_g22_g3_a_poison_pill_buried_is_a_dead_member,  # noqa: F401
+)
+from tests.test_chains import (
+    test_g22_a_chain_keeps_its_batch_open_until_its_last_step,  # noqa: F401
+    test_g22_chord_body_gets_results_in_header_order_once,  # noqa: F401
+)
 from tests.test_failover import Producer, assert_only_outages, beating_workers
 from tests.test_guarantees import (  # the guarantees that need no server of their own
     leftovers,

@@ -12,9 +12,11 @@ are escaped there.
 One module per tab: ``dashboard``, ``queues``, ``busy``, ``sets`` (the
 scheduled, retries, dead and unsettled lists, one job's page, and their
 actions), ``periodic``, ``metrics`` (per-job figures and one job's page), ``limits``
-(the limiters, and setting a limit).
+(the limiters, and setting a limit), ``batches`` (the batches, one
+batch's page, and its actions).
 Shared by them: ``helpers`` (context, permissions, URLs, pagination,
-rendering, the rows several tabs list), ``display`` (how values read),
+rendering, the rows several tabs list), ``filters`` (a set page's
+filters), ``display`` (how values read),
 ``chart`` (the dashboard's charts) and ``metrics_chart`` (the metrics
 pages' charts), pure functions. ``urls`` routes them.
 """

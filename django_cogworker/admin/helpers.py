@@ -141,6 +141,7 @@ def context(
         ("retries", "Retries", admin_url(model_admin, "set", "retries"), stats.retry_size),
         ("dead", "Dead", admin_url(model_admin, "set", "dead"), stats.dead_size),
         ("unsettled", "Unsettled", admin_url(model_admin, "set", "unsettled"), stats.unsettled_size),
+        ("batches", "Batches", admin_url(model_admin, "batches"), stats.batches_size),
         ("periodic", "Periodic", admin_url(model_admin, "periodic"), None),
         ("metrics", "Metrics", admin_url(model_admin, "metrics"), None),
         ("limits", "Limits", admin_url(model_admin, "limits"), None),

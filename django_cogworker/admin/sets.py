@@ -2,8 +2,8 @@
 
 Duties: what each set page is (``SET_PAGES``: its title, its set in
 ``django_cogworker.api``, the actions it offers, what an entry's time
-means), the paginated list (filter by job name and queue, search by jid or
-error text), and the actions on the selected jobs or on every job matching
+means), the paginated list (filter by job name, queue and batch, search by jid
+or error text: ``filters``), and the actions on the selected jobs or on every job matching
 the filter: retry now, delete, kill, each confirmed on a page first, then a
 POST; and one job's page (arguments, keyword arguments, error, backtrace,
 the times of its history, the payload as stored) with the same actions on
@@ -16,9 +16,7 @@ never comes whole into Python to show 25.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlencode
+from dataclasses import dataclass
 
 from django.contrib import messages
 from django.contrib.admin import ModelAdmin
@@ -28,6 +26,7 @@ from django.views.decorators.http import require_POST
 
 from django_cogworker import api
 from django_cogworker.admin.display import When, args_text, job_details
+from django_cogworker.admin.filters import Filters
 from django_cogworker.admin.helpers import (
     PER_PAGE,
     admin_url,
@@ -40,7 +39,6 @@ from django_cogworker.admin.helpers import (
     segment,
     unsegment,
 )
-from django_cogworker.api.scan import last_page_offset
 
 #: Jobs listed on a confirmation page (the count says how many in all).
 CONFIRM_SAMPLE = 10
@@ -104,65 +102,6 @@ def _page_of(set_name: str) -> SetPage:
     if page is None:
         raise Http404("no such set")
     return page
-
-
-@dataclass(frozen=True)
-class Filters:
-    name: str
-    queue: str
-    search: str
-    #: Pages read in this request, by (set, offset, limit): past the end the
-    #: paginator asks again for the last page, which the same scan read.
-    _pages: dict[tuple[str, int, int], tuple[int, list[api.JobRecord]]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-
-    @classmethod
-    def of(cls, query: Any) -> Filters:
-        return cls(
-            query.get("name", "").strip(),
-            query.get("queue", "").strip(),
-            query.get("q", "").strip(),
-        )
-
-    @property
-    def active(self) -> bool:
-        return bool(self.name or self.queue or self.search)
-
-    def matching(self, jobs: api.JobSet) -> list[api.JobRecord]:
-        return jobs.filter(name=self.name or None, queue=self.queue or None, search=self.search or None)
-
-    def page(self, jobs: api.JobSet, offset: int, limit: int) -> tuple[int, list[api.JobRecord]]:
-        """(how many match, the page at ``offset`` or past the end the last), from one scan."""
-        known = self._pages.get((jobs.key, offset, limit))
-        if known is not None:
-            return known
-        count, records = jobs.filter_page(
-            name=self.name or None,
-            queue=self.queue or None,
-            search=self.search or None,
-            offset=offset,
-            limit=limit,
-            or_last=True,
-        )
-        at = offset if offset < count else last_page_offset(count, limit)
-        self._pages[(jobs.key, at, limit)] = (count, records)
-        return count, records
-
-    @property
-    def query(self) -> str:
-        pairs = [("name", self.name), ("queue", self.queue), ("q", self.search)]
-        return urlencode([(k, v) for k, v in pairs if v])
-
-    def describe(self) -> str:
-        parts = []
-        if self.name:
-            parts.append(f"job name is {self.name}")
-        if self.queue:
-            parts.append(f"queue is {self.queue}")
-        if self.search:
-            parts.append(f"jid or error contains {self.search!r}")
-        return " and ".join(parts)
 
 
 def _list_url(model_admin: ModelAdmin, page: SetPage, filters: Filters | None = None) -> str:
@@ -231,6 +170,7 @@ def set_list(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> Ht
         queue_names=[q.name for q in api.Queue.all()],
         list_url=_list_url(model_admin, page_def),
         per_page=PER_PAGE,
+        batch_url=admin_url(model_admin, "batch", segment(filters.bid)) if filters.bid else "",
     )
     return render(request, model_admin, "set.html", ctx)
 
@@ -279,7 +219,9 @@ def set_action(request: HttpRequest, model_admin: ModelAdmin, set_name: str) -> 
         )
         return render(request, model_admin, "set_confirm.html", ctx)
 
-    if across and action == "delete" and not filters.active:
+    if across and action == "delete" and not filters.active and page_def.slug == "dead":
+        # Only the dead set is cleared whole: elsewhere a batch's member
+        # deleted counts as dead in its batch, one by one (SPEC section 13).
         done = jobs.clear()
     elif across:
         done = api.bulk(filters.matching(jobs), action)

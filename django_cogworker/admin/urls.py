@@ -1,9 +1,9 @@
 """The URLs of the jobs pages, under the ``Job`` model's admin URL.
 
 Duties: route every page (``dashboard``, ``queues``, ``busy``, ``periodic``,
-``metrics``, ``limits`` and the set tabs, ``sets``) through ``admin_site.admin_view()``, which asks
-for an active staff login, protects every POST with CSRF and keeps pages
-out of caches, and through ``when_redis_answers()``: Redis down is a 503
+``metrics``, ``limits``, ``batches`` and the set tabs, ``sets``) through
+``admin_site.admin_view()``, which asks for an active staff login, protects
+every POST with CSRF and keeps pages out of caches, and through ``when_redis_answers()``: Redis down is a 503
 page in the admin's frame, never a 500. The URL names (``admin:django_cogworker_<page>``)
 are what templates and views reverse. No change/delete/history URLs: there
 is no table behind the model.
@@ -19,7 +19,7 @@ from django.contrib.admin import ModelAdmin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, re_path
 
-from django_cogworker.admin import busy, dashboard, limits, metrics, periodic, queues, sets
+from django_cogworker.admin import batches, busy, dashboard, limits, metrics, periodic, queues, sets
 from django_cogworker.admin.helpers import when_redis_answers
 
 #: The set pages, as they appear in URLs.
@@ -74,6 +74,13 @@ def patterns(model_admin: ModelAdmin) -> list[URLPattern]:
         # Limiter names, like queue names, are any text: one encoded segment.
         re_path(r"^limits/(?P<name>[^/]+)/$", page(limits.limit_page), name="django_cogworker_limit"),
         re_path(r"^limits/(?P<name>[^/]+)/set/$", page(limits.limit_set), name="django_cogworker_limit_set"),
+        path("batches/", page(batches.batches_page), name="django_cogworker_batches"),
+        re_path(r"^batches/(?P<bid>[^/]+)/$", page(batches.batch_page), name="django_cogworker_batch"),
+        re_path(
+            r"^batches/(?P<bid>[^/]+)/action/$",
+            page(batches.batch_action),
+            name="django_cogworker_batch_action",
+        ),
         re_path(rf"^(?P<set_name>{SET_NAMES})/$", page(sets.set_list), name="django_cogworker_set"),
         re_path(
             rf"^(?P<set_name>{SET_NAMES})/action/$",

@@ -190,7 +190,7 @@ def _string_field(field: str) -> re.Pattern[bytes]:
     return re.compile(b'"' + field.encode() + rb'"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
-_STRING_FIELDS = {f: _string_field(f) for f in ("jid", "job", "queue", "error_class", "error_message")}
+_STRING_FIELDS = {f: _string_field(f) for f in ("jid", "job", "queue", "bid", "error_class", "error_message")}
 
 
 def field_text(raw: bytes, field: str) -> str | None:
@@ -210,10 +210,12 @@ def field_text(raw: bytes, field: str) -> str | None:
         return None
 
 
-def quick_match(raw: bytes, *, name: str | None, queue: str | None, search: str | None) -> bool | None:
+def quick_match(
+    raw: bytes, *, name: str | None, queue: str | None, search: str | None, bid: str | None = None
+) -> bool | None:
     """``JobRecord.matches`` decided from the bytes, where a field can be read
     without parsing the payload; None when unsure (then the caller parses)."""
-    for field, wanted in (("job", name), ("queue", queue)):
+    for field, wanted in (("bid", bid), ("job", name), ("queue", queue)):
         if wanted:
             value = field_text(raw, field)
             if value is None:

@@ -18,10 +18,13 @@ Redis errors reach the caller as ``CogworkerError``
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import redis
 
 from django_cogworker.api.parsing import (
     Listing,
@@ -31,10 +34,17 @@ from django_cogworker.api.parsing import (
     number,
     unless_wrong_type,
 )
-from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
+from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, bulk, paged
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
+
+#: How long a queue set aside by ``Queue.clear()`` is kept if the clear is
+#: cut short (it is deleted at the end of the clear).
+CLEARING_TTL_S = 3600
+
+#: Entries of a queue being cleared read per round trip.
+_CLEAR_CHUNK = 1000
 
 
 def wait_s(oldest: Any, now: float) -> float:
@@ -118,11 +128,38 @@ class Queue:
     @redis_boundary("clear a queue")
     def clear(self) -> int:
         """Deletes every job in the queue; returns how many. The queue stays
-        known (listed by ``Queue.all()``, with size 0)."""
-        pipe = get_redis().pipeline(transaction=True)
-        pipe.llen(self.key)
-        pipe.delete(self.key)
-        return int(pipe.execute()[0])
+        known (listed by ``Queue.all()``, with size 0). A batch's member
+        deleted so counts as dead in its batch (SPEC section 13), as one
+        deleted by itself: the queue is first set aside in one step
+        (``RENAME``: a job pushed meanwhile stays queued), its members are
+        deleted one by one through the move script, then the rest at once."""
+        client, k = get_redis(), get_keys()
+        if client.type(self.key) != b"list":
+            # Nothing, or a key of the wrong type: deleted whole, as ever.
+            pipe = client.pipeline(transaction=True)
+            pipe.llen(self.key)
+            pipe.delete(self.key)
+            return int(pipe.execute()[0])
+        aside = k.queue_clearing(self.name, secrets.token_hex(8))
+        try:
+            client.rename(self.key, aside)
+        except redis.ResponseError as exc:
+            if "no such key" not in str(exc).lower():
+                raise
+            return 0  # emptied (fetched) since the TYPE
+        # A clear cut short (a lost connection) leaves no key for ever.
+        client.expire(aside, CLEARING_TTL_S)
+        size = int(client.llen(aside))
+        members = []
+        for start in range(0, size, _CLEAR_CHUNK):
+            for raw in client.lrange(aside, start, start + _CLEAR_CHUNK - 1):
+                if b'"bid"' in raw:
+                    record = JobRecord(raw, source=aside, kind="queue")
+                    if record.bid:
+                        members.append(record)
+        bulk(members, "delete")
+        client.delete(aside)
+        return size
 
     @redis_boundary("read a queue's jobs")
     def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:

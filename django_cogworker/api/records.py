@@ -24,12 +24,13 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from django_cogworker import registry
-from django_cogworker.conf import DEFAULT_QUEUE
+from django_cogworker.conf import DEFAULT_QUEUE, get_config
 from django_cogworker.connection import get_keys, get_redis, is_cluster
 from django_cogworker.errors import BadPayload, redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.payload import Payload, encode_stored, parse, text
 from django_cogworker.scripts import script
+from django_cogworker.workflows import effects
 
 #: Jobs per page of a listing, when the caller does not say.
 PAGE_SIZE = 25
@@ -41,7 +42,7 @@ ACTIONS = ("retry", "delete", "kill")
 BULK_BATCH_SIZE = 500
 
 #: A move: the ``move`` script's KEYS and ARGV.
-MoveCall = tuple[list[str], list[str | bytes]]
+MoveCall = tuple[list[str], list[str | bytes | int | float]]
 
 #: An offset past every list and sorted set: Redis counts ranges in signed
 #: 64-bit integers and answers an error past them (a page number of 30
@@ -108,6 +109,9 @@ class JobRecord:
     retried_at = property(lambda self: self._get("retried_at"))
     enqueued_at = property(lambda self: self._get("enqueued_at"))
     created_at = property(lambda self: self._get("created_at"))
+    #: The batch it is a member of (SPEC section 13), or of which it is a
+    #: callback (``cb``); "" for a plain job, or when the field is no text.
+    bid = property(lambda self: b if isinstance(b := self._get("bid"), str) else "")
 
     @property
     def at(self) -> dt.datetime | None:
@@ -115,8 +119,15 @@ class JobRecord:
         return None if self.score is None else dt.datetime.fromtimestamp(self.score, tz=dt.UTC)
 
     def matches(
-        self, *, name: str | None = None, queue: str | None = None, search: str | None = None
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        search: str | None = None,
+        bid: str | None = None,
     ) -> bool:
+        if bid and self.bid != bid:
+            return False
         if name and self.name != name:
             return False
         if queue and self.queue != queue:
@@ -147,13 +158,27 @@ class JobRecord:
 
     # -- actions ---------------------------------------------------------------
 
-    def _move_call(self, destination: str, payload: bytes, to_kind: str, where: str | float) -> MoveCall:
+    def _move_call(
+        self, destination: str, payload: bytes, to_kind: str, where: str | float, move: str | None = None
+    ) -> MoveCall:
         k = get_keys()
         source_kind = "zset" if self.kind == "zset" else "list"
+        # A batch's member moves in its batch in the same step (SPEC 13).
+        extra = effects.moved(k, get_config(), self.payload, move) if move else ([], [])
         return (
-            [self.source, destination, k.queues],
-            [self._raw, payload, source_kind, to_kind, str(where)],
+            [self.source, destination, k.queues, *extra[0]],
+            [self._raw, payload, source_kind, to_kind, str(where), *extra[1]],
         )
+
+    def _delete_call(self) -> MoveCall | None:
+        """A batch's member deleted counts as dead in its batch: through
+        ``move.lua``, moved nowhere. None for any other entry."""
+        k = get_keys()
+        if self.kind == "inprogress" or (self.kind == "zset" and self.source == k.dead):
+            return None
+        if not effects.levels(self.payload):
+            return None
+        return self._move_call(self.source, b"", "none", "", effects.DEAD)
 
     def _retry_call(self) -> MoveCall | None:
         if self.kind in ("queue", "inprogress"):
@@ -164,7 +189,8 @@ class JobRecord:
         queue = storable(queue) if isinstance(queue, str) and queue else DEFAULT_QUEUE
         payload["enqueued_at"] = time.time()
         data = encode_stored(payload) if "job" in payload else self.payload_raw
-        return self._move_call(get_keys().queue(queue), data, "queue", queue)
+        revived = effects.REVIVED if self.kind == "zset" and self.source == get_keys().dead else None
+        return self._move_call(get_keys().queue(queue), data, "queue", queue, revived)
 
     def _kill_call(self) -> MoveCall | None:
         k = get_keys()
@@ -174,7 +200,7 @@ class JobRecord:
         payload.setdefault("error_class", "Killed")
         payload.setdefault("error_message", "killed by hand")
         payload["failed_at"] = payload.get("failed_at") or time.time()
-        return self._move_call(k.dead, encode_stored(payload), "zset", repr(time.time()))
+        return self._move_call(k.dead, encode_stored(payload), "zset", repr(time.time()), effects.DEAD)
 
     def _call(self, action: str) -> MoveCall | None:
         return self._retry_call() if action == "retry" else self._kill_call()
@@ -184,6 +210,10 @@ class JobRecord:
         if action == "delete":
             if self.kind == "inprogress":
                 return False
+            member = self._delete_call()
+            if member is not None:
+                script("move").queue(pipe, *member)
+                return True
             if self.kind == "zset":
                 pipe.zrem(self.source, self._raw)
             else:
@@ -212,6 +242,9 @@ class JobRecord:
         client = get_redis()
         if self.kind == "inprogress":
             return False  # running: G2 gives it to its process alone
+        member = self._delete_call()
+        if member is not None:
+            return bool(script("move")(client, *member))
         if self.kind == "zset":
             return bool(client.zrem(self.source, self._raw))
         return bool(client.lrem(self.source, 1, self._raw))

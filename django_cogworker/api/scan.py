@@ -139,10 +139,12 @@ def _join(tokens: list[bytes]) -> bytes:
     return b"".join(t for i, t in enumerate(tokens) if t != _ANY or not i or tokens[i - 1] != _ANY)
 
 
-def match_pattern(name: str | None, queue: str | None, search: str | None) -> bytes:
+def match_pattern(name: str | None, queue: str | None, search: str | None, bid: str | None = None) -> bytes:
     """ZSCAN's MATCH pattern for a filter: on its most selective criterion
-    (the job name, else the search, else the queue); the others are left to
-    the exact check, as JSON keys come in any order."""
+    (the batch, else the job name, else the search, else the queue); the
+    others are left to the exact check, as JSON keys come in any order."""
+    if bid:
+        return _field_pattern("bid", bid)
     if name:
         return _field_pattern("job", name)
     if search:

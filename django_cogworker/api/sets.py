@@ -2,13 +2,12 @@
 
 Duties: ``JobSet`` is what the set pages rely on, whichever set: a size,
 pages, iteration, ``filter``/``filter_page`` (by job name and queue, search
-by jid or error text), ``find(jid)``, ``get(record_id)`` and ``clear()``.
+by jid or error text, by batch), ``find(jid)``, ``get(record_id)`` and ``clear()``.
 ``SortedSet`` implements it on a sorted set scored by time (``ScheduledSet``
 and ``RetrySet``: when due; ``DeadSet``: when it died, newest first), and
 filters with ZSCAN and a server-side pattern, so a set of 100,000 jobs never
-comes whole into Python to show 25. ``UnsettledSet`` implements it on the
-list of failed jobs a stopping process could not file, which any live
-process files. Redis errors reach the caller as ``CogworkerError``
+comes whole into Python to show 25. ``UnsettledSet`` (``api.unsettled``)
+implements it on a list. Redis errors reach the caller as ``CogworkerError``
 (``errors.redis_boundary``).
 """
 
@@ -17,15 +16,14 @@ from __future__ import annotations
 import abc
 import json
 import math
-from collections import deque
 from collections.abc import Iterable, Iterator
 
-from django_cogworker.api.parsing import glob_escape, loads_object, quick_match
+from django_cogworker.api.parsing import glob_escape, quick_match
 from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
-from django_cogworker.api.scan import SCAN_COUNT, last_page_offset, match_pattern, select_page
+from django_cogworker.api.scan import SCAN_COUNT, match_pattern, select_page
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
-from django_cogworker.escaping import storable, utf8
+from django_cogworker.escaping import storable
 
 
 class JobSet(abc.ABC):
@@ -51,9 +49,10 @@ class JobSet(abc.ABC):
         queue: str | None = None,
         search: str | None = None,
         limit: int | None = None,
+        bid: str | None = None,
     ) -> list[JobRecord]:
         """Entries matching every given criterion (``search`` looks in the
-        jid and the error)."""
+        jid and the error; ``bid``: the members and callbacks of a batch)."""
 
     @abc.abstractmethod
     def filter_page(
@@ -65,6 +64,7 @@ class JobSet(abc.ABC):
         offset: int = 0,
         limit: int = PAGE_SIZE,
         or_last: bool = False,
+        bid: str | None = None,
     ) -> tuple[int, list[JobRecord]]:
         """(how many match, the page at ``offset``): what a paginated list
         needs, from one pass. Past the end, no entries; with ``or_last``, the
@@ -116,20 +116,20 @@ class SortedSet(JobSet):
         return paged(self.page)
 
     def _matches(
-        self, name: str | None, queue: str | None, search: str | None, *, exact: bool
+        self, name: str | None, queue: str | None, search: str | None, bid: str | None, *, exact: bool
     ) -> Iterator[tuple[float, bytes]]:
         """(score, entry) of the entries that match, in ZSCAN's order: one
         pass. ZSCAN's pattern (``scan.match_pattern``) narrows them on the
         server; ``quick_match`` settles most of the rest from the bytes
         without parsing, unless ``exact`` (then each one it does not rule
         out is parsed and decided on its fields)."""
-        pattern = match_pattern(name, queue, search)
+        pattern = match_pattern(name, queue, search, bid)
         for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=SCAN_COUNT):
-            quick = quick_match(raw, name=name, queue=queue, search=search)
+            quick = quick_match(raw, name=name, queue=queue, search=search, bid=bid)
             if quick is False:
                 continue
             if (quick is None or exact) and not self._record(raw, score).matches(
-                name=name, queue=queue, search=search
+                name=name, queue=queue, search=search, bid=bid
             ):
                 continue
             yield float(score), raw
@@ -142,6 +142,7 @@ class SortedSet(JobSet):
         queue: str | None = None,
         search: str | None = None,
         limit: int | None = None,
+        bid: str | None = None,
     ) -> list[JobRecord]:
         """Entries matching every given criterion (``search`` looks in the jid
         and the error), in the set's order. One ZSCAN pass with a server-side
@@ -149,10 +150,10 @@ class SortedSet(JobSet):
         ``limit``, only the first ``limit`` matches are kept meanwhile."""
         if limit is None:
             # Ties broken by the entry, as Redis orders equal scores.
-            entries = sorted(self._matches(name, queue, search, exact=False), reverse=self.newest_first)
+            entries = sorted(self._matches(name, queue, search, bid, exact=False), reverse=self.newest_first)
             records = (self._record(raw, score) for score, raw in entries)
-            return [r for r in records if r.matches(name=name, queue=queue, search=search)]
-        matches = self._matches(name, queue, search, exact=True)
+            return [r for r in records if r.matches(name=name, queue=queue, search=search, bid=bid)]
+        matches = self._matches(name, queue, search, bid, exact=True)
         _, _, entries = select_page(
             matches, offset=0, limit=limit, descending=self.newest_first, size=self.size
         )
@@ -168,6 +169,7 @@ class SortedSet(JobSet):
         offset: int = 0,
         limit: int = PAGE_SIZE,
         or_last: bool = False,
+        bid: str | None = None,
     ) -> tuple[int, list[JobRecord]]:
         """(how many match, the page at ``offset``; past the end, with
         ``or_last``, the last page) from one ZSCAN pass that counts the
@@ -177,7 +179,7 @@ class SortedSet(JobSet):
         exactly; the count may include an entry whose field sits only inside
         a nested object (a payload of the wrong shape)."""
         count, _, entries = select_page(
-            self._matches(name, queue, search, exact=False),
+            self._matches(name, queue, search, bid, exact=False),
             offset=offset,
             limit=limit,
             descending=self.newest_first,
@@ -185,7 +187,7 @@ class SortedSet(JobSet):
             or_last=or_last,
         )
         page = [self._record(raw, score) for score, raw in entries]
-        return count, [r for r in page if r.matches(name=name, queue=queue, search=search)]
+        return count, [r for r in page if r.matches(name=name, queue=queue, search=search, bid=bid)]
 
     @redis_boundary("find a job")
     def find(self, jid: str) -> JobRecord | None:
@@ -236,99 +238,3 @@ class RetrySet(SortedSet):
 class DeadSet(SortedSet):
     key_name = "dead"
     newest_first = True
-
-
-class UnsettledSet(JobSet):
-    """Failed jobs a stopping process could not file; any live process files them."""
-
-    def __init__(self) -> None:
-        self.key = get_keys().unsettled
-
-    @property
-    @redis_boundary("read the unsettled jobs")
-    def size(self) -> int:
-        return int(get_redis().llen(self.key))
-
-    def _record(self, raw: bytes) -> JobRecord:
-        entry = loads_object(raw) or {}
-        payload = entry.get("payload")
-        payload_raw = utf8(payload) if isinstance(payload, str) else raw
-        score = entry.get("score")
-        return JobRecord(
-            raw,
-            source=self.key,
-            kind="unsettled",
-            payload_raw=payload_raw,
-            score=float(score) if isinstance(score, int | float) else None,
-            target_set=entry.get("set"),
-        )
-
-    @redis_boundary("read the unsettled jobs")
-    def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
-        if offset + limit > MAX_OFFSET:
-            return []
-        return [self._record(r) for r in get_redis().lrange(self.key, offset, offset + limit - 1)]
-
-    def __iter__(self) -> Iterator[JobRecord]:
-        with redis_boundary("read the unsettled jobs"):
-            raws = get_redis().lrange(self.key, 0, -1)
-        for raw in raws:
-            yield self._record(raw)
-
-    def filter(
-        self,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        search: str | None = None,
-        limit: int | None = None,
-    ) -> list[JobRecord]:
-        found = [r for r in self if r.matches(name=name, queue=queue, search=search)]
-        return found[:limit] if limit is not None else found
-
-    def filter_page(
-        self,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        search: str | None = None,
-        offset: int = 0,
-        limit: int = PAGE_SIZE,
-        or_last: bool = False,
-    ) -> tuple[int, list[JobRecord]]:
-        """(how many match, the page at ``offset``), as ``SortedSet.filter_page``:
-        one pass over the list, keeping the page's matches and, with
-        ``or_last``, the last ``limit`` (the last page, if ``offset`` is past it)."""
-        count, page, last = 0, [], deque[JobRecord](maxlen=limit if or_last else 0)
-        for record in self:
-            if record.matches(name=name, queue=queue, search=search):
-                if offset <= count < offset + limit:
-                    page.append(record)
-                last.append(record)
-                count += 1
-        if or_last and 0 < count <= offset:
-            return count, list(last)[len(last) - (count - last_page_offset(count, limit)) :]
-        return count, page
-
-    def find(self, jid: str) -> JobRecord | None:
-        return next((r for r in self if r.jid == jid), None)
-
-    def get(self, record_id: str) -> JobRecord | None:
-        """The entry whose ``JobRecord.id`` is ``record_id``, or None."""
-        return next(iter(self.get_many([record_id])), None)
-
-    def get_many(self, record_ids: Iterable[str]) -> list[JobRecord]:
-        """One pass over the list for all of them (not one per id)."""
-        wanted = set(record_ids)
-        found: dict[str, JobRecord] = {}
-        for record in self:
-            if record.id in wanted and record.id not in found:
-                found[record.id] = record
-        return list(found.values())
-
-    @redis_boundary("clear the unsettled jobs")
-    def clear(self) -> int:
-        pipe = get_redis().pipeline(transaction=True)
-        pipe.llen(self.key)
-        pipe.delete(self.key)
-        return int(pipe.execute()[0])

@@ -3,8 +3,8 @@
 Duties: ``Stats()`` reads, in two round trips, the processed and failed
 totals (flushed by each process's heartbeat: truthful to one beat), the
 expired total and its counts by job name, the sizes of the schedule, retry,
-dead and unsettled sets, and of every known queue; ``Stats.history(days)``
-the processed and failed counts of each of the last days (UTC);
+dead and unsettled sets and of the batch index (SPEC section 13), and of
+every known queue; ``Stats.history(days)`` the processed and failed counts of each of the last days (UTC);
 ``Stats.per_minute()`` those of each of the last 60 minutes, in one MGET.
 A counter that is not a number, or a key of the wrong type, counts 0 and is
 noted (``malformed``, ``skipped``): never an exception (SPEC section 8).
@@ -66,6 +66,7 @@ class Stats:
         pipe.zcard(k.retry)
         pipe.zcard(k.dead)
         pipe.llen(k.unsettled)
+        pipe.zcard(k.batches)
         pipe.get(k.stat_expired)
         pipe.hgetall(k.stat_expired_jobs)
         pipe.smembers(k.queues)
@@ -79,6 +80,7 @@ class Stats:
             ("retry_size", k.retry, "sorted set"),
             ("dead_size", k.dead, "sorted set"),
             ("unsettled_size", k.unsettled, "list"),
+            ("batches_size", k.batches, "sorted set"),
             ("expired", k.stat_expired, ""),
         ]
         values = []
@@ -100,6 +102,7 @@ class Stats:
             self.retry_size,
             self.dead_size,
             self.unsettled_size,
+            self.batches_size,
             self.expired,
         ) = values
         #: Expired jobs (``expires``) by job name; a count that is not one is left out.

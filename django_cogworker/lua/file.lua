@@ -1,10 +1,13 @@
 --! include limits.lua
+--! include batches.lua
 -- File a failed job in a sorted set (retry or dead) and take it off the
 -- in-progress list, in one step.
 -- KEYS[1] = in-progress list, KEYS[2] = retry or dead ZSET,
 -- KEYS[3] = the job's orphan counter; for a job holding limiter slots,
 -- KEYS[4..] and ARGV[7..] as release_slots() in lib/limits.lua reads them
--- (its slots are freed in the same step as the filing).
+-- (its slots are freed in the same step as the filing); for a member of a
+-- batch (SPEC section 13), ARGV[7] = "@batch", then KEYS[4..] and ARGV[8..]
+-- as batch_member_end() in lib/batches.lua reads them.
 -- ARGV[1] = the job as fetched, ARGV[2] = score (epoch s), ARGV[3] = payload
 -- to file, ARGV[4] = "1" to require the job to be on the list (reliable
 -- fetch) or "0" (basic fetch: there is no list), ARGV[5] = trim: drop
@@ -32,6 +35,9 @@ if ARGV[5] ~= "" then
 end
 if ARGV[6] ~= "" then
   redis.call("ZREMRANGEBYRANK", KEYS[2], 0, -(tonumber(ARGV[6]) + 1))
+end
+if ARGV[7] == "@batch" then
+  return {1, batch_member_end(4, 8)}
 end
 if #KEYS > 3 then
   return {1, release_slots(4, 7)}

@@ -104,3 +104,11 @@ async def async_sync_orm() -> None:
     from django.contrib.auth.models import Group
 
     Group.objects.exists()
+
+
+@job
+async def adouble(x: int) -> int:
+    """A chain's step or a chord's member on the event loop (SPEC section 13)."""
+    await asyncio.sleep(0)
+    _note("runs", tag=x)
+    return x * 2

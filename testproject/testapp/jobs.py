@@ -287,3 +287,5 @@ from testproject.testapp import limited_jobs as limited_jobs  # noqa: E402  (reg
 if os.environ.get("COGWORKER_TEST_ASYNC_JOBS"):
     # A worker of tests/test_async_jobs.py: registers the async jobs too.
     from testproject.testapp import async_jobs  # noqa: F401
+
+from testproject.testapp import workflow_jobs as workflow_jobs  # noqa: E402  (registers them)
