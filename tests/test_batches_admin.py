@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from django_cogworker import api, batch
 from testproject.testapp import batch_jobs
 from tests.conftest import CogEnv, wait_for
@@ -128,15 +126,10 @@ def test_g22_members_deleted_with_every_job_of_the_retry_page_count_as_dead(
     assert_settled_once(cog, b.bid, {"death", "complete", "settled"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SPEC 13: a member deleted from the admin counts as dead; 'Clear queue' (api.Queue.clear) "
-    "deletes the queue whole and leaves its members pending: the batch never settles "
-    "(docs/workflows.md documents it as 'Not counted')",
-)
 def test_g22_members_cleared_with_their_queue_from_the_admin_count_as_dead(
     cog: CogEnv, superclient: Any
 ) -> None:
+    """ "Clear queue": each member it deletes counts as dead."""
     cog.start_worker().identity()  # serves "default" only: the members on "mail" stay queued
     with batch(description="queue cleared by hand", **callbacks()) as b:
         batch_jobs.gated.delay("gate")
