@@ -60,6 +60,10 @@ class Keys:
         self.limit_held_prefix = f"{n}:limits:held:"
         #: Every batch (SPEC section 13): bid -> created_at, epoch seconds.
         self.batches = f"{n}:batches"
+        #: The open ones among them (bid -> created_at): the metrics' gauge.
+        self.batches_open = f"{n}:batches:open"
+        #: Callbacks enqueued, by event: the metrics' counter.
+        self.stat_batch_callbacks = f"{n}:stat:batch_callbacks"
         self.batch_prefix = f"{n}:batch:"
 
     def metrics_minute(self, minute: str) -> str:

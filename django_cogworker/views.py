@@ -142,6 +142,12 @@ def exposition(s: Scrape) -> Iterator[str]:
     for limit in s.limits:
         yield _sample("cogworker_limit_waiting", {"limit": limit.name}, limit.waiting)
 
+    yield from _family("cogworker_batches_open", "gauge", "Batches not settled yet.")
+    yield _sample("cogworker_batches_open", {}, s.batches_open)
+    yield from _family("cogworker_batch_callbacks_total", "counter", "Batch callbacks enqueued, by event.")
+    for event, count in s.batch_callbacks.items():
+        yield _sample("cogworker_batch_callbacks_total", {"event": event}, count)
+
     jobs = sorted(s.jobs.values(), key=lambda f: f.name)
     runs = "cogworker_job_runs_total"
     yield from _family(runs, "counter", "Runs of each job, by outcome.")

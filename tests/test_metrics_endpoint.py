@@ -44,6 +44,8 @@ FAMILIES = {
     "cogworker_expired": "counter",
     "cogworker_limit_holders": "gauge",
     "cogworker_limit_waiting": "gauge",
+    "cogworker_batches_open": "gauge",
+    "cogworker_batch_callbacks": "counter",
     "cogworker_job_runs": "counter",
     "cogworker_job_duration_seconds": "histogram",
 }

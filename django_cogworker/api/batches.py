@@ -9,6 +9,8 @@ dead, the callbacks with the time each fired, and whether it settled;
 and its index entry. ``BatchSet()`` lists
 the batches of the index ``N:batches``, newest first, skipping those whose
 keys expired; ``page(state=...)`` lists the open ones first.
+``batch_metrics()`` reads, in one round trip, what the Prometheus endpoint
+exposes: the open batches and the callbacks enqueued, by event.
 
 Whatever Redis holds is data: a member that is not UTF-8 or an index entry
 that is no batch id is skipped with a note, a key of the wrong type reads
@@ -23,7 +25,7 @@ import functools
 from collections.abc import Iterator
 
 from django_cogworker.api.batch_figures import OPEN_SENTINEL, BatchFigures, batch_figures
-from django_cogworker.api.parsing import Listing, is_wrong_type, unless_wrong_type
+from django_cogworker.api.parsing import Listing, checked_number, is_wrong_type, unless_wrong_type
 from django_cogworker.api.records import PAGE_SIZE, bulk
 from django_cogworker.api.sets import DeadSet
 from django_cogworker.connection import get_keys, get_redis
@@ -34,6 +36,24 @@ INDEX_PAGE = 500
 
 #: The longest bid accepted (ours are 22 characters).
 MAX_BID_CHARS = 200
+
+
+@redis_boundary("read the batches' figures")
+def batch_metrics() -> tuple[int, dict[str, int]]:
+    """(open batches, callbacks enqueued so far by event, every event named):
+    ``N:batches:open`` and ``N:stat:batch_callbacks``, which the scripts
+    that open and settle batches and fire their callbacks keep. A key of
+    the wrong type, or a count that is no number, reads as 0."""
+    from django_cogworker.workflows.batch import EVENTS
+
+    k = get_keys()
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.zcard(k.batches_open)
+    pipe.hgetall(k.stat_batch_callbacks)
+    opened, fired = pipe.execute(raise_on_error=False)
+    opened = 0 if is_wrong_type(opened) else int(opened)
+    fired = {} if is_wrong_type(fired) else fired
+    return opened, {event: checked_number(fired.get(event.encode()), int)[0] for event in EVENTS}
 
 
 def check_bid(bid: str) -> str:
@@ -132,7 +152,8 @@ class Batch:
         pipe = get_redis().pipeline(transaction=False)
         pipe.delete(*k.batch_keys(self.bid))
         pipe.zrem(k.batches, self.bid)
-        deleted, _ = pipe.execute()
+        pipe.zrem(k.batches_open, self.bid)
+        deleted, _, _ = pipe.execute()
         return bool(deleted)
 
 

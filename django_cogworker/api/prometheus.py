@@ -3,11 +3,12 @@
 Duties: ``scrape()`` gathers every figure the endpoint exposes through the
 inspection API (``Stats``, ``Queue.all()``, ``ProcessSet``,
 ``api.metrics.totals()``, ``Limit.all()``) in a fixed number of round
-trips, whatever the number of job names, queues, processes or limiters:
-ten, eleven when a rate limiter is known (two for ``Stats``, one for
-``Queue.all()``, one for the queues' figures, two for the processes, one
-for the job totals, one for ``Limit.all()`` and two for the limiters'
-figures, plus Redis's clock for a rate's window; the queues' figures come
+trips, whatever the number of job names, queues, processes, limiters or
+batches: eleven, twelve when a rate limiter is known (two for ``Stats``,
+one for ``Queue.all()``, one for the queues' figures, two for the
+processes, one for the job totals, one for ``Limit.all()``, two for the
+limiters' figures and one for the batches', plus Redis's clock for a
+rate's window; the queues' figures come
 from ``api.queues.queue_figures``, the limiters' from
 ``api.limits.limit_figures``, pipelined for them all).
 Redis errors reach the caller as ``CogworkerError``
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django_cogworker.api import metrics as job_metrics
+from django_cogworker.api.batches import batch_metrics
 from django_cogworker.api.limits import Limit, LimitFigures, limit_figures
 from django_cogworker.api.processes import ProcessSet
 from django_cogworker.api.queues import Queue, QueueFigures, queue_figures
@@ -45,12 +47,16 @@ class Scrape:
     expired: dict[str, int]
     #: Every limiter of the registry, by name.
     limits: list[LimitFigures]
+    #: Open batches, and the callbacks enqueued so far by event (SPEC 13).
+    batches_open: int
+    batch_callbacks: dict[str, int]
 
 
 def scrape() -> Scrape:
     stats = Stats()
     queues = queue_figures(Queue.all())
     processes = ProcessSet().all()
+    batches_open, batch_callbacks = batch_metrics()
     return Scrape(
         processed=stats.processed,
         failed=stats.failed,
@@ -64,4 +70,6 @@ def scrape() -> Scrape:
         jobs=job_metrics.totals().jobs,
         expired=stats.expired_by_job,
         limits=limit_figures(Limit.all()),
+        batches_open=batches_open,
+        batch_callbacks=batch_callbacks,
     )

@@ -9,7 +9,8 @@
 -- batch's membership in its parent; its last removes ":open" and fires what
 -- is true then (an empty batch: success, complete, settled).
 --
--- KEYS[1] = N:batches, KEYS[2] = N:schedule, KEYS[3] = N:queues, then per
+-- KEYS[1] = N:batches, KEYS[2] = N:schedule, KEYS[3] = N:queues, KEYS[4] =
+-- N:stat:batch_callbacks, KEYS[5] = N:batches:open, then per
 -- section: 8 per level as lib/batches.lua reads them (the batch, then its
 -- ancestors, nearest first), then the queue of each queue index below.
 -- ARGV[1] = the open TTL (s), ARGV[2] = the settled TTL (s), then per
@@ -22,7 +23,7 @@
 -- queue now), its payload.
 -- Returns the number of members pushed.
 local ttl, done_ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
-local a, k = 3, 4
+local a, k = 3, 6
 local pushed = 0
 
 -- One section from ARGV[a] and KEYS[k]; returns the next a and k.
@@ -43,6 +44,7 @@ local function open_section(a, k)
     redis.call("HSET", KEYS[b.k], "created_at", tostring(ctx.now))
     redis.call("SADD", KEYS[b.k + 2], ":open")
     redis.call("ZADD", KEYS[1], ctx.now, b.bid)
+    redis.call("ZADD", KEYS[ctx.open], ctx.now, b.bid)
     local parent = ctx.levels[2]
     if parent and redis.call("EXISTS", KEYS[parent.k]) == 1 then
       -- The parent settles only after this child: it waits for "b:<bid>".

@@ -129,7 +129,14 @@ def end_args(
     """The extra KEYS and ARGV of ``batch_member_end`` for this member's end."""
     bids = levels(payload)
     queue_key = keys.queue(str(following["queue"])) if following is not None else keys.schedule
-    script_keys = [keys.schedule, keys.queues, queue_key, *level_keys(keys, bids)]
+    script_keys = [
+        keys.schedule,
+        keys.queues,
+        keys.stat_batch_callbacks,
+        keys.batches_open,
+        queue_key,
+        *level_keys(keys, bids),
+    ]
     args: list[Arg] = [
         MARKER,
         move,

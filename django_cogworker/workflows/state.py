@@ -32,7 +32,11 @@ Member = tuple[str, Payload | None, float | None]
 def trim(client: Any, keys: Keys, config: Config) -> None:
     """Forgets from ``N:batches`` the batches opened more than BATCH_TTL ago
     (their keys have expired, or will with their settled TTL)."""
-    client.zremrangebyscore(keys.batches, "-inf", f"({time.time() - config.batch_ttl_s!r}")
+    oldest = f"({time.time() - config.batch_ttl_s!r}"
+    pipe = client.pipeline(transaction=False)
+    pipe.zremrangebyscore(keys.batches, "-inf", oldest)
+    pipe.zremrangebyscore(keys.batches_open, "-inf", oldest)
+    pipe.execute()
 
 
 def ttls(config: Config) -> list[Arg]:
@@ -67,7 +71,7 @@ def open_sections(client: Any, keys: Keys, config: Config, sections: Sequence[Se
     """Every section in one ``batch_open.lua`` call, so in one step: a batch
     and the children opened inside its block, all or none. Returns how many
     members were pushed."""
-    script_keys = [keys.batches, keys.schedule, keys.queues]
+    script_keys = [keys.batches, keys.schedule, keys.queues, keys.stat_batch_callbacks, keys.batches_open]
     args: list[Arg] = [*ttls(config)]
     for section in sections:
         queues: dict[str, int] = {}

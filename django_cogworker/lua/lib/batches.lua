@@ -10,7 +10,9 @@
 -- succeeded, dead, results, order.
 -- `ctx` (batch_context): the levels, their bids, N:schedule (a callback is
 -- pushed there, due now: the poller moves it to its queue, whose key no
--- script here could name in KEYS beforehand), the TTLs.
+-- script here could name in KEYS beforehand), the TTLs; two KEYS after
+-- N:schedule, N:stat:batch_callbacks (callbacks enqueued, by event) and
+-- N:batches:open (the open batches), for the metrics.
 
 -- The literal a chord's body holds in place of its first argument.
 local BATCH_RESULTS = '"__COGWORKER_RESULTS__"'
@@ -30,7 +32,10 @@ local function batch_context(schedule, first, bids, ttl, done_ttl)
     local k = first + (i - 1) * 8
     levels[i] = {bid = bids[i], k = k}
   end
-  return {levels = levels, schedule = schedule, ttl = ttl, done_ttl = done_ttl, now = batch_now()}
+  return {
+    levels = levels, schedule = schedule, stat = schedule + 2, open = schedule + 3,
+    ttl = ttl, done_ttl = done_ttl, now = batch_now(),
+  }
 end
 
 local function batch_expire(b, ttl)
@@ -56,10 +61,14 @@ end
 local function batch_fire(ctx, b, event)
   if redis.call("HSETNX", KEYS[b.k], "fired:" .. event, tostring(ctx.now)) == 0 then return end
   local cb = redis.call("HGET", KEYS[b.k], "cb:" .. event)
-  if cb then redis.call("ZADD", KEYS[ctx.schedule], ctx.now, cb) end
+  if cb then
+    redis.call("ZADD", KEYS[ctx.schedule], ctx.now, cb)
+    redis.call("HINCRBY", KEYS[ctx.stat], event, 1)
+  end
   if event == "success" then
     local body = redis.call("HGET", KEYS[b.k], "body")
     if body then
+      redis.call("HINCRBY", KEYS[ctx.stat], event, 1)
       local at = string.find(body, BATCH_RESULTS, 1, true)
       if at then
         body = string.sub(body, 1, at - 1) .. batch_results(b) .. string.sub(body, at + #BATCH_RESULTS)
@@ -83,6 +92,7 @@ local function batch_check(ctx, i)
   if failed > 0 then return end
   batch_fire(ctx, b, "settled")
   redis.call("HSET", KEYS[b.k], "settled_at", tostring(ctx.now))
+  redis.call("ZREM", KEYS[ctx.open], b.bid)
   batch_expire(b, ctx.done_ttl)
   if ctx.levels[i + 1] then
     batch_move(ctx, i + 1, dead == 0 and "s" or "d", "b:" .. b.bid, "")
@@ -132,8 +142,8 @@ batch_move = function(ctx, i, how, member, result)
 end
 
 -- A member's end, as ack.lua and file.lua call it: KEYS from `first` are
--- N:schedule, N:queues, the next chain step's queue (N:schedule when none),
--- then 8 per level; ARGV from `arg` are: the move, the member, how many
+-- N:schedule, N:queues, N:stat:batch_callbacks, N:batches:open, the next
+-- chain step's queue (N:schedule when none), then 8 per level; ARGV from `arg` are: the move, the member, how many
 -- levels, their bids, the open TTL, the settled TTL, the result ("" none),
 -- the next chain step's payload ("" none), its jid, its queue's name.
 -- Returns 1 if the member moved.
@@ -150,15 +160,15 @@ local function batch_member_end(first, arg)
     -- batch takes no new member, but a step retried from the admin after
     -- it settled still resumes its chain. The ack's LREM made this end the
     -- only one: the next step is pushed once.
-    local k = first + 3
+    local k = first + 5
     if count > 0 and redis.call("EXISTS", KEYS[k]) == 1 and redis.call("HEXISTS", KEYS[k], "settled_at") == 0 then
       redis.call("SADD", KEYS[k + 1], next_jid)
       redis.call("SADD", KEYS[k + 2], next_jid)
     end
-    redis.call("LPUSH", KEYS[first + 2], next_raw)
+    redis.call("LPUSH", KEYS[first + 4], next_raw)
     redis.call("SADD", KEYS[first + 1], next_queue)
   end
   if count == 0 then return 0 end
-  local ctx = batch_context(first, first + 3, bids, ttl, done_ttl)
+  local ctx = batch_context(first, first + 5, bids, ttl, done_ttl)
   return batch_move(ctx, 1, how, member, result)
 end
