@@ -135,6 +135,7 @@ def test_every_figure_matches_what_redis_holds(cog):
         "cogworker_unsettled_size": 4,
         "cogworker_processes": 2,
         "cogworker_busy_threads": 4,
+        "cogworker_batches_open": 0,
     }
     sizes = {dict(labels)["queue"]: v for (name, labels), v in got.items() if name == "cogworker_queue_size"}
     assert sizes == {"default": 2, "low": 1, "mail": 0}  # "mail" from QUEUES, before its first job
@@ -399,8 +400,9 @@ def test_one_scrape_costs_the_same_round_trips_for_1_or_50_job_names(cog, monkey
     assert large[("cogworker_processes", ())] == 20
     assert large[("cogworker_limit_waiting", (("limit", "r39"),))] == 1
     assert len([k for k in large if k[0] == "cogworker_limit_holders"]) == 40
-    # Seven, and four for the limiters: their registry, two pipelines, Redis's clock.
-    assert few == many <= 11, "the round trips of one scrape grow with the data"
+    # Seven, four for the limiters (their registry, two pipelines, Redis's
+    # clock) and one for the batches.
+    assert few == many <= 12, "the round trips of one scrape grow with the data"
 
 
 def test_without_limiters_a_scrape_costs_one_round_trip_more(cog, monkeypatch):
