@@ -14,7 +14,8 @@ XDIST = $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadf
 RELIABILITY_TESTS ?= $(wildcard tests/test_guarantees.py tests/test_chaos.py tests/test_supervisor.py \
 	tests/test_revival.py tests/test_bounds.py tests/test_stall.py tests/test_deep_payloads.py \
 	tests/test_failover.py tests/test_revival_fetch.py tests/test_isolation.py tests/test_full_redis.py \
-	tests/test_lone_surrogates.py tests/test_fast_path.py tests/test_limits.py tests/test_limits_chaos.py) \
+	tests/test_lone_surrogates.py tests/test_fast_path.py tests/test_limits.py tests/test_limits_chaos.py \
+	tests/test_batches_chaos.py tests/test_batches_faults.py) \
 	$(addprefix tests/test_cluster.py::,test_g16_the_client_is_a_cluster_client_and_reliable_fetch_is_supported \
 	test_g16_the_boot_scan_finds_an_unregistered_list_on_every_master \
 	test_g16_confirmed_enqueue_on_a_cluster_sync_and_async \

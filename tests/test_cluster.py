@@ -32,13 +32,22 @@ from tests.test_batches import (  # G22: every key of a batch's scripts in one s
     test_g22_deaths_fire_on_death_and_settled_never_success,  # noqa: F401
     test_g22_members_pushed_at_exit_and_each_callback_once,  # noqa: F401
 )
+from tests.test_batches_chaos import (  # G22 under SIGKILL chaos, on the cluster too
+    test_g22_sigkill_chaos_each_callback_enqueued_once_after_its_condition_nothing_lost,  # noqa: F401
+)
 from tests.test_batches_ends import (
     test_g22_a_dead_member_retried_before_settlement_is_live_again,  # noqa: F401
     test_g22_g3_a_poison_pill_buried_is_a_dead_member,  # noqa: F401
 )
+from tests.test_batches_faults import (
+    test_g22_g18_a_late_ack_before_the_recovered_run_leaves_the_member_pending,  # noqa: F401
+)
 from tests.test_chains import (
     test_g22_a_chain_keeps_its_batch_open_until_its_last_step,  # noqa: F401
     test_g22_chord_body_gets_results_in_header_order_once,  # noqa: F401
+)
+from tests.test_chains_chaos import (
+    test_g22_chains_and_chords_under_chaos_each_step_and_body_enqueued_once,  # noqa: F401
 )
 from tests.test_failover import Producer, assert_only_outages, beating_workers
 from tests.test_guarantees import (  # the guarantees that need no server of their own
