@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,11 +31,11 @@ from tests.conftest import CogEnv, Worker
 from tests.test_chaos import (
     Chaos,
     held_when_killed,
-    identity_of,
     process_died,
     report,
     shut_down,
     sigkill,
+    tick_and_hit,
     wait_while_moving,
 )
 from tests.test_guarantees import assert_each_in_one_place, keys, leftovers
@@ -173,24 +172,7 @@ def hit_every_tick(
     workers: list[Worker] = [cog.start_worker() for _ in range(WORKERS)]
     for worker in workers:
         worker.identity()
-    for tick in range(TICKS):
-        tick_ends = time.monotonic() + TICK_S
-        hit_at = time.monotonic() + rng.uniform(0.2, 0.9) * TICK_S
-        chaos.jids += each_tick(tick)
-        if tick % 4 == 1:
-            assert_each_in_one_place(cog, chaos.jids)
-            chaos.samples += 1
-        time.sleep(max(0.0, hit_at - time.monotonic()))
-        index = rng.randrange(WORKERS)
-        identity = identity_of(cog, workers[index])
-        if identity is None:
-            chaos.unbeaten_hits += 1
-        else:
-            chaos.held_at_hits += int(cog.redis.llen(keys().inprogress(identity)))
-        hit(chaos, workers, index)
-        chaos.hits += 1
-        time.sleep(max(0.0, tick_ends - time.monotonic()))
-    chaos.last_hit = time.monotonic()
+    tick_and_hit(chaos, workers, rng, each_tick, hit)
     wait_while_moving(cog, done, "every job run, every batch settled, nothing left")
     assert_each_in_one_place(cog, chaos.jids)
     chaos.samples += 1

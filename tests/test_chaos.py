@@ -87,6 +87,37 @@ class Chaos:
         return self.cog.start_worker(env=self.env)
 
 
+def tick_and_hit(
+    chaos: Chaos,
+    workers: list[Worker],
+    rng: random.Random,
+    each_tick: Callable[[int], list[str]],
+    hit: Callable[[Chaos, list[Worker], int], None],
+) -> None:
+    """TICKS ticks: each calls ``each_tick`` (it enqueues, and returns the
+    jids expected to run), samples the invariant every fourth tick, and
+    hits a random worker at a random moment of the tick."""
+    cog = chaos.cog
+    for tick in range(TICKS):
+        tick_ends = time.monotonic() + TICK_S
+        hit_at = time.monotonic() + rng.uniform(0.2, 0.9) * TICK_S
+        chaos.jids += each_tick(tick)
+        if tick % 4 == 1:
+            assert_each_in_one_place(cog, chaos.jids)
+            chaos.samples += 1
+        time.sleep(max(0.0, hit_at - time.monotonic()))
+        index = rng.randrange(WORKERS)
+        identity = identity_of(cog, workers[index])
+        if identity is None:
+            chaos.unbeaten_hits += 1
+        else:
+            chaos.held_at_hits += int(cog.redis.llen(keys().inprogress(identity)))
+        hit(chaos, workers, index)
+        chaos.hits += 1
+        time.sleep(max(0.0, tick_ends - time.monotonic()))
+    chaos.last_hit = time.monotonic()
+
+
 def run_chaos(
     cog: CogEnv,
     hit: Callable[[Chaos, list[Worker], int], None],
@@ -109,24 +140,13 @@ def run_chaos(
     workers = [chaos.start_worker() for _ in range(WORKERS)]
     for worker in workers:
         worker.identity()
-    for tick in range(TICKS):
-        tick_ends = time.monotonic() + TICK_S
-        hit_at = time.monotonic() + rng.uniform(0.2, 0.9) * TICK_S
-        chaos.jids += job.delay_many([((job_s, f"{tick}-{i}"), {}) for i in range(BATCH)])
-        if tick % 4 == 1:
-            assert_each_in_one_place(cog, chaos.jids)
-            chaos.samples += 1
-        time.sleep(max(0.0, hit_at - time.monotonic()))
-        index = rng.randrange(WORKERS)
-        identity = identity_of(cog, workers[index])
-        if identity is None:
-            chaos.unbeaten_hits += 1
-        else:
-            chaos.held_at_hits += int(cog.redis.llen(keys().inprogress(identity)))
-        hit(chaos, workers, index)
-        chaos.hits += 1
-        time.sleep(max(0.0, tick_ends - time.monotonic()))
-    chaos.last_hit = time.monotonic()
+    tick_and_hit(
+        chaos,
+        workers,
+        rng,
+        lambda tick: job.delay_many([((job_s, f"{tick}-{i}"), {}) for i in range(BATCH)]),
+        hit,
+    )
 
     def finished() -> bool:
         ended = {n["jid"] for n in cog.notes()}
