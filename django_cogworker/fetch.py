@@ -3,9 +3,12 @@
 Reliable fetch (G1, G9) moves each job atomically from its queue to this
 process's own ``N:inprogress:<identity>`` list, where it stays until it is
 acknowledged or filed; a process that dies leaves its jobs there for orphan
-recovery to put back. One distinct unpaused queue: a blocking ``BLMOVE``.
-Several: ``fetch.lua`` tries them in (weighted) order in one call, and an
-idle thread backs off from 0.25 s doubling up to ``FETCH_IDLE_MAX_INTERVAL``.
+recovery to put back. ``fetch.lua`` tries the queues in (weighted) order in
+one call; when they are empty, an idle thread blocks on one of them with
+``BLMOVE``, the idle threads spread over the queues (``waiting.Waiters``),
+so that a push to any of them wakes one. A thread polls (from 0.25 s
+doubling up to ``FETCH_IDLE_MAX_INTERVAL``) only a full Redis, which refuses
+``BLMOVE``, or a broken queue.
 
 Basic fetch is ``BRPOP``: a process killed mid-job loses the jobs it held.
 It is what servers older than Redis 6.2 get (G10).
@@ -14,6 +17,7 @@ It is what servers older than Redis 6.2 get (G10).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import random
 import threading
@@ -31,6 +35,7 @@ from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots
 from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
+from django_cogworker.waiting import Backoff, Waiters
 from django_cogworker.work import UnitOfWork
 
 if TYPE_CHECKING:
@@ -40,9 +45,6 @@ if TYPE_CHECKING:
 #: blocked thread takes to notice quiet or shutdown (a job it receives then
 #: is given back).
 BLOCKING_TIMEOUT_S = 1.0
-
-#: First pause of an idle thread polling several queues.
-EMPTY_POLL_INTERVAL_S = 0.25
 
 #: A full Redis refuses BLMOVE (it may grow memory): an idle thread then
 #: polls with fetch.lua, which it takes, this long before it blocks again.
@@ -84,6 +86,7 @@ class Fetcher:
         self._paused: frozenset[str] | None = None  # not read yet
         self._paused_at = 0.0
         self._idle = threading.local()
+        self.backoff = Backoff(ctx.config.fetch_idle_max_interval_s, ctx.quiet)
         self._paused_lock = threading.Lock()
         self._broken_logged_at = -BROKEN_QUEUE_LOG_INTERVAL_S
 
@@ -110,16 +113,6 @@ class Fetcher:
         pool = [q.name for q in specs for _ in range(q.weight)]
         random.shuffle(pool)
         return list(dict.fromkeys(pool))
-
-    def idle_sleep(self) -> None:
-        cap = self.ctx.config.fetch_idle_max_interval_s
-        last = getattr(self._idle, "interval", None)
-        interval = min(last * 2, cap) if last else min(EMPTY_POLL_INTERVAL_S, cap)
-        self._idle.interval = interval
-        self.ctx.quiet.wait(interval * (0.75 + random.random() * 0.25))
-
-    def not_idle(self) -> None:
-        self._idle.interval = None
 
     def report_broken_queue(self, detail: bytes) -> None:
         """Logs a queue key that cannot be read, once a minute at most."""
@@ -201,7 +194,7 @@ class ReliableFetch(Fetcher):
     meanwhile wait for it and share the next one, one call for several jobs.
     An ack waits in memory (``acks.Acks``: owed, never to be run again) for
     the next call. When the queues run dry, a thread acknowledges at once,
-    and with one queue it then blocks on BLMOVE."""
+    then blocks on BLMOVE on one of them."""
 
     reliable = True
     name = "reliable"
@@ -210,6 +203,7 @@ class ReliableFetch(Fetcher):
         super().__init__(ctx, acks)
         self.inprogress = self.keys.inprogress(ctx.identity)
         self.buffer: collections.deque[UnitOfWork] = collections.deque()
+        self.waiters = Waiters(ctx.queues)
         self._full_at = -FULL_POLL_S  # monotonic time of the last BLMOVE refused for want of memory
 
     def retrieve(self) -> UnitOfWork | None:
@@ -223,11 +217,9 @@ class ReliableFetch(Fetcher):
             self.acks.flush(self.ack)
             self.ctx.quiet.wait(BLOCKING_TIMEOUT_S)
             return None
-        # A thread about to block on BLMOVE (idle, one queue) reserves only
-        # its own slot, so that every idle thread can wait there at once.
-        blocking = (
-            len(queues) == 1 and mine is None and not self.acks and getattr(self._idle, "blocking", False)
-        )
+        # A thread about to block on BLMOVE (idle) reserves only its own
+        # slot, so that every idle thread can wait at once.
+        blocking = mine is None and not self.acks and getattr(self._idle, "blocking", False)
         slot = self.ctx.ledger.reserve(self.buffer, 1 if blocking else None)
         if slot is None or isinstance(slot, UnitOfWork):
             # No thread waits to make the next call: it would wait too long.
@@ -243,18 +235,21 @@ class ReliableFetch(Fetcher):
 
     def fetch(self, queues: list[str], slots: Slots) -> list[UnitOfWork]:
         """One call for up to ``slots.count`` jobs (the first for the
-        caller), acknowledging the acks waiting. Its jobs are stamped with
-        when it was *sent* (G18): a reply read late (its process stopped or
-        cut off) may bring jobs run elsewhere since: ``Processor.still_ours``."""
-        k = self.keys
+        caller), acknowledging the acks waiting; when the queues are empty,
+        a wait on one. Its jobs are stamped with when it was *sent* (G18):
+        ``Processor.still_ours``."""
+        waiting = getattr(self._idle, "blocking", False)
+        queue = queues[0]
         try:
             acks = self.acks.take()
-            polling = len(queues) > 1 or time.monotonic() - self._full_at < FULL_POLL_S
-            if acks or polling or not getattr(self._idle, "blocking", False):
+            polling = time.monotonic() - self._full_at < FULL_POLL_S
+            # A thread whose wait ended looks at every queue (in order) before
+            # it waits again, unless the others all have a thread waiting.
+            if acks or polling or not waiting or self.waiters.uncovered(queues) > 1:
                 sent = time.monotonic()
                 found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:
-                    self.not_idle()
+                    self.backoff.reset()
                     self._idle.blocking = False
                     queue = queues[int(found[0]) - 1]
                     return [UnitOfWork(queue, raw, sent) for raw in found[1:]]
@@ -262,11 +257,17 @@ class ReliableFetch(Fetcher):
                     if found:
                         self.report_broken_queue(found[1])
                     self.ctx.ledger.shrink(slots, 0)
-                    self.idle_sleep()
+                    self.backoff.pause()
                     return []
             self.ctx.ledger.shrink(slots, 1)
-            sent = time.monotonic()
-            raw = self.client.blmove(k.queue(queues[0]), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT")
+            queue = self.waiters.enter(queues)
+            try:
+                sent = time.monotonic()
+                raw = self.client.blmove(
+                    self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT"
+                )
+            finally:
+                self.waiters.leave(queue)
         except redis.ResponseError as exc:
             if is_unavailable(exc):  # READONLY, MASTERDOWN...: an outage, not a broken queue
                 raise
@@ -276,16 +277,17 @@ class ReliableFetch(Fetcher):
                 self._full_at = time.monotonic()
                 self._idle.blocking = False
             elif "WRONGTYPE" in str(exc):
-                self.report_broken_queue(f"{k.queue(queues[0])}: {exc}".encode())
+                self.report_broken_queue(f"{self.keys.queue(queue)}: {exc}".encode())
+                self._idle.blocking = False
             else:
                 raise
             self.ctx.ledger.shrink(slots, 0)
-            self.idle_sleep()
+            self.backoff.pause()
             return []
-        # Idle with one queue: the next call blocks at once, without a script
-        # call first (no polling), until a job comes.
+        # Idle: the next call blocks at once, without a script call first
+        # (no polling), until a job comes.
         self._idle.blocking = raw is None
-        return [] if raw is None else [UnitOfWork(queues[0], raw, sent)]
+        return [] if raw is None else [UnitOfWork(queue, raw, sent)]
 
     def fetch_script(self, queues: list[str], acks: list[Owed], want: int) -> Any:
         k = self.keys
@@ -307,12 +309,11 @@ class ReliableFetch(Fetcher):
         return self.client.lpos(self.inprogress, work.raw) is not None
 
     def take_buffered(self) -> list[UnitOfWork]:
-        taken = []
-        while True:
-            try:
+        taken: list[UnitOfWork] = []
+        with contextlib.suppress(IndexError):
+            while True:
                 taken.append(self.buffer.popleft())
-            except IndexError:
-                return taken
+        return taken
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         script("ack")(self.client, [self.inprogress, self.keys.orphanings(jid)], [work.raw])

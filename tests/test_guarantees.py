@@ -14,7 +14,6 @@ Intervals come from ``FAST`` in conftest: heartbeat 0.2 s, presence TTL
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import signal
 import threading
@@ -43,6 +42,7 @@ from django_cogworker.requeue import requeue_list
 from django_cogworker.scripts import script
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, kill, wait_for
+from tests.test_multi_queue_wait import watch
 
 RECORD = "testproject.testapp.jobs.record"
 
@@ -781,19 +781,7 @@ def watch_fetches(
 ) -> list[tuple[float, str]]:
     """(time, "blmove" | "fetch script") of every fetch the server sees for
     ``seconds`` after ``action``, read with MONITOR."""
-    fetch_sha = script("fetch").sha
-    seen = []
-    with redis.Redis.from_url(cog.url, socket_timeout=10) as client, client.monitor() as monitor:
-        action()
-        until = time.time() + seconds
-        while time.time() < until:  # the heartbeat keeps the stream moving
-            command = monitor.next_command()
-            text = command["command"]
-            if text.startswith("BLMOVE"):
-                seen.append((float(command["time"]), "blmove"))
-            elif text.startswith("EVALSHA") and fetch_sha in text:
-                seen.append((float(command["time"]), "fetch script"))
-    return seen
+    return [(at, kind) for at, kind, _ in watch(cog, seconds, action)]
 
 
 def test_g9_one_queue_waits_on_a_blocking_blmove_without_polling(cog, own_redis):
@@ -811,25 +799,6 @@ def test_g9_one_queue_waits_on_a_blocking_blmove_without_polling(cog, own_redis)
     assert 1 <= kinds["fetch script"] <= len(jids)
     assert 2 <= kinds["blmove"] <= 2 * (3 + 2)
     assert command_calls(cog.redis, "blmove") > 0
-
-
-def test_g9_several_queues_use_the_fetch_script_with_an_idle_backoff(cog, own_redis):
-    own_redis()
-    cog.configure(QUEUES=["default", "mail"], CONCURRENCY=1, FETCH_IDLE_MAX_INTERVAL=1.0)
-    worker = cog.start_worker()
-    worker.identity()
-    jids = []
-    seen = watch_fetches(cog, 4.5, lambda: jids.append(jobs.record_mail.delay("mail")))
-    ran_at = cog.notes()[0]["at"]
-    assert runs(cog) == Counter({jids[0]: 1})
-    assert {kind for _, kind in seen} == {"fetch script"}
-    assert command_calls(cog.redis, "blmove") == 0
-    idle = [t for t, _ in seen if t > ran_at]
-    gaps = [b - a for a, b in itertools.pairwise(idle)]
-    assert len(gaps) >= 4, gaps
-    # 0.25 s doubling up to the cap, each with up to 25% jitter off.
-    for gap, interval in zip(gaps, [0.25, 0.5, 1.0, 1.0], strict=False):
-        assert interval * 0.75 - 0.01 <= gap <= interval + 0.5, (gaps, interval)
 
 
 def test_g9_paused_queues_are_skipped(cog):

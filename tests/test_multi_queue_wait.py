@@ -1,0 +1,108 @@
+"""G9 with several queues: an idle worker waits on every queue with
+``BLMOVE`` (its idle threads spread over them), so a push to any of them
+wakes it without a poll; with fewer threads than queues, each wait that ends
+is followed by one look at every queue in order. Read with MONITOR on a real
+server, with real worker processes."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from django_cogworker.connection import get_keys
+from django_cogworker.scripts import script
+from testproject.testapp import jobs
+from tests.conftest import CogEnv, wait_for
+
+QUEUES = ["q1", "q2", "q3", "q4", "default"]
+
+
+def watch(
+    cog: CogEnv, seconds: float, action: Callable[[], Any] = lambda: None
+) -> list[tuple[float, str, str]]:
+    """(time, "blmove" | "fetch script", the queue key BLMOVE waits on or
+    "") of every fetch the server sees for ``seconds`` after ``action``."""
+    fetch_sha = script("fetch").sha
+    seen = []
+    with redis.Redis.from_url(cog.url, socket_timeout=10) as client, client.monitor() as monitor:
+        action()
+        until = time.time() + seconds
+        while time.time() < until:  # the heartbeat keeps the stream moving
+            command = monitor.next_command()
+            words = command["command"].split()
+            if words[0] == "BLMOVE":
+                seen.append((float(command["time"]), "blmove", words[1]))
+            elif words[0] == "EVALSHA" and words[1] == fetch_sha:
+                seen.append((float(command["time"]), "fetch script", ""))
+    return seen
+
+
+def idle_worker(cog: CogEnv, queues: list[str], concurrency: int) -> None:
+    cog.configure(QUEUES=queues, CONCURRENCY=concurrency, FETCH_IDLE_MAX_INTERVAL=0.2)
+    worker = cog.start_worker()
+    worker.identity()
+    # Idle: every thread's first look found the queues empty.
+    wait_for(
+        lambda: cog.redis.info("clients")["blocked_clients"] >= min(concurrency, len(queues)),
+        20,
+        "the idle threads to block",
+    )
+
+
+def test_g9_several_queues_each_has_a_thread_waiting_and_nothing_polls(cog: CogEnv) -> None:
+    idle_worker(cog, QUEUES, concurrency=10)
+    seen = watch(cog, 2.5)
+    kinds = Counter(kind for _, kind, _ in seen)
+    # Ten idle threads on five queues: two waits of 1 s on each, renewed
+    # without a look at the others (FETCH_IDLE_MAX_INTERVAL is 0.2 s: a poll
+    # would show up as a dozen fetch scripts a second).
+    assert kinds["fetch script"] == 0, seen
+    waited_on = Counter(key for _, kind, key in seen if kind == "blmove")
+    k = get_keys()
+    assert set(waited_on) == {k.queue(q) for q in QUEUES}, waited_on
+
+
+def test_g9_a_push_to_any_queue_wakes_an_idle_worker_without_a_fetch_script(cog: CogEnv) -> None:
+    idle_worker(cog, QUEUES, concurrency=10)
+    jids: dict[str, str] = {}
+
+    def push() -> None:
+        for q in ("q3", "default", "q1"):
+            jids[q] = jobs.record.set(queue=q).delay(q)
+            wait_for(lambda q=q: any(n["jid"] == jids[q] for n in cog.notes()), 10, f"the job on {q}")
+
+    seen = watch(cog, 3.0, push)
+    notes = {n["jid"]: n for n in cog.notes()}
+    assert set(notes) == set(jids.values())
+    first_run = min(n["at"] for n in notes.values())
+    # Each job was taken by the BLMOVE waiting on its queue: the only fetch
+    # scripts came after a job ran (each carries a finished job's ack).
+    assert not [t for t, kind, _ in seen if kind == "fetch script" and t < first_run], seen
+    assert Counter(kind for _, kind, _ in seen)["fetch script"] <= len(jids), seen
+
+
+def test_g9_fewer_threads_than_queues_look_at_every_queue_after_each_wait(cog: CogEnv) -> None:
+    idle_worker(cog, ["default", "mail", "low"], concurrency=1)
+    seen = watch(cog, 3.5)
+    kinds = Counter(kind for _, kind, _ in seen)
+    # One thread, three queues: a wait of 1 s on one of them, then one look
+    # at all three in order: about one of each a second, no faster.
+    assert 2 <= kinds["blmove"] <= 5, seen
+    assert 2 <= kinds["fetch script"] <= 5, seen
+    mail = jobs.record_mail.delay("mail")
+    low = jobs.record.set(queue="low").delay("low")
+    wait_for(lambda: {n["jid"] for n in cog.notes()} == {mail, low}, 10, "both jobs")
+
+
+def test_g9_weighted_queues_spread_the_waiting_threads_by_weight(cog: CogEnv) -> None:
+    idle_worker(cog, ["a,3", "b,1"], concurrency=8)
+    k = get_keys()
+    seen = watch(cog, 2.5)
+    waited_on = Counter(key for _, kind, key in seen if kind == "blmove")
+    # Six threads wait on "a" and two on "b" (renewing each second).
+    assert waited_on[k.queue("a")] >= 2 * waited_on[k.queue("b")] > 0, waited_on
+    assert not [kind for _, kind, _ in seen if kind == "fetch script"], seen
