@@ -102,6 +102,12 @@ async def aclose(client: Client) -> None:
 #: cut while idle (a firewall, a Redis restart) fails the ping, not a command.
 HEALTH_CHECK_INTERVAL_S = 30
 
+#: The buffer each connection reads replies into, held for its life: the
+#: size of Python's own buffered sockets (``io.DEFAULT_BUFFER_SIZE``), which
+#: holds a fetch's jobs in one read, where redis-py's 32 KiB took 0.3 MB in
+#: a worker's dozen connections (docs/performance.md, "Memory").
+SOCKET_READ_SIZE_BYTES = 8192
+
 
 def build(config: Config, *, async_client: bool = False) -> Client:
     """A new client for ``config``; ``async_client``: a ``redis.asyncio`` one.
@@ -117,7 +123,13 @@ def build(config: Config, *, async_client: bool = False) -> Client:
             )
         return _from_cache(config.cache_alias)
     # Options, not a dict: the locals of a failure print it (its secrets redacted).
-    options = redis_url.Options({"health_check_interval": HEALTH_CHECK_INTERVAL_S, **config.redis_options})
+    options = redis_url.Options(
+        {
+            "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+            "socket_read_size": SOCKET_READ_SIZE_BYTES,
+            **config.redis_options,
+        }
+    )
     options["decode_responses"] = False
     try:
         target = redis_url.parse(config.redis_url)

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from django_cogworker import arun, registry, threads
+from django_cogworker import arun, threads
 from django_cogworker.conf import Config
 from django_cogworker.ledger import Ledger
 from django_cogworker.limits import running
@@ -71,11 +71,6 @@ FETCH_AHEAD_FOR_S = 1.0
 
 #: A finished job, for the settling thread; None stops it.
 Done = tuple[int, UnitOfWork, Outcome] | None
-
-
-def wanted() -> bool:
-    """Whether this process registered an ``async def`` job."""
-    return any(job.coroutine for job in (registry.get(name) for name in registry.names()) if job)
 
 
 class Coroutines:

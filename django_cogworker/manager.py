@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from django_cogworker import coroutines, execution, threads, timeouts
+from django_cogworker import execution, registry, threads, timeouts
 from django_cogworker.conf import QueueSpec
 from django_cogworker.connection import fit_pool, pool_size
 from django_cogworker.errors import BadPayload
@@ -65,7 +65,7 @@ class Manager:
         self.shutdown_timeout_s = shutdown_timeout_s
         # The loop of async jobs (SPEC section 15) holds one connection at a
         # time, as its settling thread does.
-        self.async_concurrency = config.async_concurrency if coroutines.wanted() else 0
+        self.async_concurrency = config.async_concurrency if registry.has_coroutine_jobs() else 0
         fit_pool(self.client, config, pool_size(concurrency, 2 if self.async_concurrency else 0))
         # Set by SIGTSTP and first thing on stop. Every sleep of a processor
         # (idle backoff, outage backoff, a wait for a slot) waits on it, so
@@ -79,7 +79,10 @@ class Manager:
         self.settler = Settler(self.context, self.fetching, self.outage)
         self.coroutines = None
         if self.async_concurrency:
-            self.coroutines = coroutines.Coroutines(
+            # Loaded here: a worker with no ``async def`` job never needs it.
+            from django_cogworker.coroutines import Coroutines
+
+            self.coroutines = Coroutines(
                 config, self.ledger, self.settler, self.quiet, concurrency, self.loop_crashed, self.stuck_run
             )
         if self.coroutines is not None:

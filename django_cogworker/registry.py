@@ -100,6 +100,12 @@ def names() -> list[str]:
     return sorted(_jobs)
 
 
+def has_coroutine_jobs() -> bool:
+    """Whether this process registered an ``async def`` job: only then does
+    a worker start (and load) the event loop of ``coroutines.py``."""
+    return any(job.coroutine for job in _jobs.values())
+
+
 def add_unknown_name_explainer(explainer: Explainer) -> None:
     """Lets ``explainer`` word the error of a payload naming an unknown job
     (the first one that answers wins). Adding the same one again does nothing."""
@@ -151,6 +157,18 @@ def autodiscover() -> None:
             autodiscover_modules(name)
 
 
+def task_backend_paths() -> list[str]:
+    """The dotted paths of the backends that ``TASKS`` names, but Django's
+    own: those (Django 6 names its ImmediateBackend when ``TASKS`` is unset)
+    build on nothing of ours, so a worker leaves them, and ``django.tasks``
+    with them (0.4 MB), to the code that uses them."""
+    tasks = getattr(settings, "TASKS", None)
+    if not isinstance(tasks, dict):
+        return []
+    paths = (params.get("BACKEND") if isinstance(params, dict) else None for params in tasks.values())
+    return [p for p in paths if isinstance(p, str) and "." in p and not p.startswith("django.")]
+
+
 def _import_task_backends() -> None:
     """Imports the module of every backend ``TASKS`` names, so that one
     built on cogworker has added its hooks before the modules are imported.
@@ -158,13 +176,7 @@ def _import_task_backends() -> None:
     Only the module: the backend itself is made by Django when first used.
     A path that does not import is skipped here; Django reports it when the
     backend is used, and the Tasks framework's checks name it."""
-    tasks = getattr(settings, "TASKS", None)
-    if not isinstance(tasks, dict):
-        return
-    for params in tasks.values():
-        path = params.get("BACKEND") if isinstance(params, dict) else None
-        if not isinstance(path, str) or "." not in path:
-            continue
+    for path in task_backend_paths():
         try:
             importlib.import_module(path.rpartition(".")[0])
         except Exception as exc:

@@ -26,7 +26,6 @@ job's disarm.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import heapq
 import itertools
 import logging
@@ -68,6 +67,12 @@ class Limits:
 
 def _send(thread_id: int, exc: type[BaseException] | None) -> None:
     """Sets (or, with None, clears) the exception pending in a thread."""
+    # Imported here, not with the module: a worker whose jobs never run past
+    # a timeout never loads ctypes (about 0.5 MB). The first call is the
+    # watchdog's, at the first limit that fires; the clearing one, in the
+    # job's thread, only follows a send, so it finds ctypes loaded.
+    import ctypes
+
     pending = None if exc is None else ctypes.py_object(exc)  # None: NULL, which clears
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), pending)
 

@@ -15,6 +15,7 @@ from django.core.management import CommandError, call_command
 from django_cogworker.management.commands.cogworker import Command
 from testproject.testapp import jobs
 from tests.conftest import MANAGE, ROOT, wait_for
+from tests.test_worker_logs import bare_project
 
 
 def manage(*args: str, overrides: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -53,6 +54,16 @@ def test_a_bad_setting_stops_the_worker_at_startup_with_the_check_message(cog):
     assert "COGWORKER['CONCURRENCY'] must be a whole number of at least 1, got 0." in done.stderr
     assert "cogworker.E014" in done.stderr
     assert "COGWORKER['QUEUES'] mixes weighted and unweighted queues." in done.stderr
+
+
+def test_a_check_warning_is_printed_once_and_the_worker_starts(cog, tmp_path):
+    # W001 (not silenced here): testapp's record_mail pushes to "mail", which QUEUES does not list.
+    env = bare_project(cog, tmp_path, extra="SILENCED_SYSTEM_CHECKS = []\n")
+    worker = cog.start_worker(env=env, QUEUES=["default"])
+    worker.identity()
+    log = worker.log()
+    assert log.count("System check identified some issues:") == 1
+    assert log.count("(cogworker.W001) The queue 'mail' is not in COGWORKER['QUEUES']") == 1
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_cogworker import connection, registry
+from django_cogworker.conf import get_config
+from testproject.testapp import jobs
+from tests.conftest import CogEnv, Worker, cpu_seconds, manage_env, wait_for
+from tests.test_timeouts import TIMEOUT_CLASS, filed
+from tests.test_worker_logs import bare_project
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,3 +69,103 @@ def test_croniter_and_the_admin_pages_load_where_they_are_used() -> None:
         "from django.contrib import admin; admin.site.get_urls()"
     )
     assert [name for name in UNUSED if name not in modules] == []
+
+
+# -- a real worker ----------------------------------------------------------------
+
+#: Modules a worker of plain jobs never needs, though the modules that run
+#: jobs are loaded: ``ctypes`` sends a ``JobTimeout`` (a job past its
+#: ``timeout``), the event loop's modules run ``async def`` jobs (a worker
+#: that registered one; tests/test_async_jobs.py runs them).
+TIMEOUT_ONLY = ["ctypes"]
+ASYNC_ONLY = ["django_cogworker.coroutines", "django_cogworker.loop_watch"]
+UNUSED_BY_PLAIN_JOBS = [*TIMEOUT_ONLY, *ASYNC_ONLY]
+
+#: What only Django's system checks load, which the worker runs in a child
+#: process: the URLconf (and the admin's pages and the api under it), each
+#: app's template tags, the migration autodetector (Django 5.2's check of
+#: the migrate command).
+LOADED_BY_THE_CHECKS = [
+    "testproject.urls",
+    "django_cogworker.admin.urls",
+    "django_cogworker.api",
+    "django.contrib.admin.templatetags.admin_list",
+    "django.db.migrations.autodetector",
+]
+
+#: ``manage.py cogworker -c 1`` as where neither colorama (which Django's
+#: colour module imports) nor the OpenTelemetry SDK (which redis-py imports)
+#: is installed: both load ctypes themselves, and the test environment has them.
+WORKER = (
+    "import sys; sys.modules['colorama'] = sys.modules['opentelemetry'] = None\n"
+    "from django.core.management import execute_from_command_line\n"
+    "execute_from_command_line(['manage.py', 'cogworker', '-c', '1'])\n"
+)
+
+
+def start_worker(cog: CogEnv) -> Worker:
+    """The worker, on the test project's settings less ``TASKS``, whose
+    backend would register testapp's ``async def`` task."""
+    env = {**manage_env(cog), **bare_project(cog, cog.tmp, extra="TASKS = {}\n")}
+    log_path = cog.tmp / "worker.log"
+    with open(log_path, "wb") as log:
+        argv = [sys.executable, "-c", WORKER]
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    worker = Worker(proc, log_path, cog)
+    cog.workers.append(worker)  # killed by the fixture
+    return worker
+
+
+def modules_of(worker: Worker, path: Path) -> set[str]:
+    """The worker's ``sys.modules`` once it has run everything before this
+    (one processor thread: in order)."""
+    jobs.write_loaded_modules.delay(str(path))
+    wait_for(path.exists, 30, "the worker to write its modules", progress=lambda: cpu_seconds(worker.pid))
+    names = set(json.loads(path.read_text()))
+    path.unlink()
+    return names
+
+
+def test_a_worker_of_plain_jobs_loads_nothing_they_do_not_use(cog: CogEnv, tmp_path: Path) -> None:
+    worker = start_worker(cog)
+    for tag in range(20):
+        jobs.record.delay(tag)
+    modules = modules_of(worker, tmp_path / "modules.json")
+    assert len(cog.notes()) == 20
+    assert "django_cogworker.timeouts" in modules  # the code that runs jobs is there
+    assert [name for name in UNUSED_BY_PLAIN_JOBS if name in modules] == []
+    assert [name for name in LOADED_BY_THE_CHECKS if name in modules] == []
+    assert "System check identified" not in worker.log()  # the checks passed, silently
+
+    # A job past its timeout gets its JobTimeout, loading what sends it.
+    jobs.spin_about_timeout.delay(0.2)
+    modules = modules_of(worker, tmp_path / "modules.json")
+    assert [name for name in TIMEOUT_ONLY if name not in modules] == []
+    assert [d["error_class"] for d in filed(cog, "dead")] == [TIMEOUT_CLASS]
+
+
+def test_a_tasks_backend_of_django_itself_is_not_imported_at_startup(settings: Any) -> None:
+    # Django 6's default TASKS names its ImmediateBackend: a module of
+    # Django's own adds no hook of ours, so the worker leaves it (0.4 MB,
+    # django.tasks with it) to whoever uses the backend. Another module of
+    # Django's, one no test imports, stands for it on every Django version.
+    module = "django.contrib.humanize.templatetags.humanize"
+    assert module not in sys.modules
+    settings.TASKS = {"default": {"BACKEND": f"{module}.Backend"}}
+    registry.autodiscover()
+    assert module not in sys.modules
+
+
+@pytest.mark.parametrize(("options", "expected"), [({}, 8192), ({"socket_read_size": 65536}, 65536)])
+def test_a_client_reads_replies_into_8_kib_unless_redis_options_say(
+    cog: CogEnv, options: Any, expected: int
+) -> None:
+    # Each connection holds a read buffer of this size for its life: at
+    # redis-py's 32 KiB, 0.3 MB for a worker's dozen connections.
+    cog.configure(REDIS_OPTIONS=options)
+    client = connection.build(get_config())
+    try:
+        assert client.ping()
+        assert client.connection_pool.connection_kwargs["socket_read_size"] == expected
+    finally:
+        client.close()

@@ -65,15 +65,7 @@ def backend_configured() -> bool:
 
     The worker imports apps' ``tasks`` modules only then: in a project that
     does not use it, ``tasks.py`` may well be another library's (Celery's)."""
-    from django.conf import settings
-
-    tasks = getattr(settings, "TASKS", None)
-    if not isinstance(tasks, dict):
-        return False
-    for params in tasks.values():
-        path = params.get("BACKEND") if isinstance(params, dict) else None
-        if not isinstance(path, str):
-            continue
+    for path in registry.task_backend_paths():
         if path in BACKEND_PATHS:
             return True
         try:

@@ -217,6 +217,14 @@ def note_to_file(path: str, tag: object, padding: str = "", first_run_s: float =
         fh.write(f"{tag}\n")
 
 
+@job(retry=0)
+def write_loaded_modules(path: str) -> None:
+    """Writes the names in the worker's ``sys.modules`` to ``path`` (JSON):
+    what a worker has loaded by the time it runs this."""
+    with open(path, "w") as fh:
+        json.dump(sorted(sys.modules), fh)
+
+
 @job(timeout=1.0, retry=False)
 def busy_past_timeout(tag: object = None) -> None:
     """A pure-Python busy loop inside ``except Exception``: only a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -64,6 +65,34 @@ class Command(BaseCommand):
             cpus = affinity.plan(get_config().cpu_affinity, processes)
             sys.exit(Supervisor(cpus, child, timeout_s, reload=options["reload"]).run())
         self.run_one(options)
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks, run in a forked child where one can be
+        forked: what they import (the project's URLconf and every view under
+        it, each app's template tags, the migration autodetector) then takes
+        no memory in the worker, which serves no page. What they print and
+        decide is the same: a child that passes prints its warnings (only a
+        pass prints anything); otherwise they run again here, and stop the
+        worker with the message, or the exception, they stop it with."""
+        # A fork with threads running could copy a lock held by one of them.
+        if not hasattr(os, "fork") or threading.active_count() > 1:
+            super().check(*args, **kwargs)
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child leaves through os._exit)
+            status = 1
+            try:
+                super().check(*args, **kwargs)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                status = 0
+            finally:
+                os._exit(status)  # never the parent's cleanup, nor its exit
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            super().check(*args, **kwargs)
 
     @staticmethod
     def child_args(argv: list[str]) -> list[str]:
