@@ -45,11 +45,9 @@ def idle_worker(cog: CogEnv, queues: list[str], concurrency: int) -> None:
     cog.configure(QUEUES=queues, CONCURRENCY=concurrency, FETCH_IDLE_MAX_INTERVAL=0.2)
     worker = cog.start_worker()
     worker.identity()
-    # Idle: every thread's first look found the queues empty.
+    # Idle: every thread's first look found the queues empty, and it waits.
     wait_for(
-        lambda: cog.redis.info("clients")["blocked_clients"] >= min(concurrency, len(queues)),
-        20,
-        "the idle threads to block",
+        lambda: cog.redis.info("clients")["blocked_clients"] >= concurrency, 20, "the idle threads to block"
     )
 
 
@@ -58,9 +56,11 @@ def test_g9_several_queues_each_has_a_thread_waiting_and_nothing_polls(cog: CogE
     seen = watch(cog, 2.5)
     kinds = Counter(kind for _, kind, _ in seen)
     # Ten idle threads on five queues: two waits of 1 s on each, renewed
-    # without a look at the others (FETCH_IDLE_MAX_INTERVAL is 0.2 s: a poll
-    # would show up as a dozen fetch scripts a second).
-    assert kinds["fetch script"] == 0, seen
+    # without a look at the others, but when the two waits of two queues
+    # end together (a look, then). A poll (FETCH_IDLE_MAX_INTERVAL is 0.2 s)
+    # would show up as about fifty fetch scripts a second.
+    assert kinds["blmove"] >= 20, seen
+    assert kinds["fetch script"] <= 3, seen
     waited_on = Counter(key for _, kind, key in seen if kind == "blmove")
     k = get_keys()
     assert set(waited_on) == {k.queue(q) for q in QUEUES}, waited_on
@@ -79,10 +79,11 @@ def test_g9_a_push_to_any_queue_wakes_an_idle_worker_without_a_fetch_script(cog:
     notes = {n["jid"]: n for n in cog.notes()}
     assert set(notes) == set(jids.values())
     first_run = min(n["at"] for n in notes.values())
-    # Each job was taken by the BLMOVE waiting on its queue: the only fetch
-    # scripts came after a job ran (each carries a finished job's ack).
-    assert not [t for t, kind, _ in seen if kind == "fetch script" and t < first_run], seen
-    assert Counter(kind for _, kind, _ in seen)["fetch script"] <= len(jids), seen
+    # Each job was taken by the BLMOVE waiting on its queue: the fetch
+    # scripts came after a job ran (each carries a finished job's ack), but
+    # for a look when two waits end together.
+    assert len([t for t, kind, _ in seen if kind == "fetch script" and t < first_run]) <= 2, seen
+    assert Counter(kind for _, kind, _ in seen)["fetch script"] <= len(jids) + 3, seen
 
 
 def test_g9_fewer_threads_than_queues_look_at_every_queue_after_each_wait(cog: CogEnv) -> None:
@@ -105,4 +106,4 @@ def test_g9_weighted_queues_spread_the_waiting_threads_by_weight(cog: CogEnv) ->
     waited_on = Counter(key for _, kind, key in seen if kind == "blmove")
     # Six threads wait on "a" and two on "b" (renewing each second).
     assert waited_on[k.queue("a")] >= 2 * waited_on[k.queue("b")] > 0, waited_on
-    assert not [kind for _, kind, _ in seen if kind == "fetch script"], seen
+    assert len([kind for _, kind, _ in seen if kind == "fetch script"]) <= 3, seen
