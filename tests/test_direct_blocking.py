@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -87,8 +88,13 @@ def test_the_workers_stop_closes_every_threads_blocking_connection(
     worker = in_process(concurrency=3)
     idle(cog, worker, "stopping", 3)
     worker.stop()
-    assert [c["addr"] for c in named(cog, "stopping") if c["cmd"] == "blmove"] == []
     assert holder_of(worker).connections() == []
+    # Closed before stop() returned; the server drops them as it reads the close.
+    wait_for(
+        lambda: [c for c in named(cog, "stopping") if c["cmd"] == "blmove"] == [],
+        5,
+        "no BLMOVE connection left",
+    )
 
 
 def test_a_demoted_server_has_the_blocking_connections_made_again(
@@ -257,3 +263,31 @@ def test_a_full_redis_refusing_blmove_raises_its_oom_reply_and_keeps_the_connect
         assert holder.connections() == [held] and held._sock is not None
     finally:
         holder.close_all()
+
+
+def test_a_stop_while_a_thread_waits_closes_its_connection_when_the_wait_ends(cog: CogEnv) -> None:
+    """Its BLMOVE is not cut short (a reply cut off would be sent again on
+    a new connection after the stop): the thread closes it, and from then
+    on the holder makes no connection."""
+    cog.configure(REDIS_OPTIONS={"client_name": "in-flight"})
+    connection.reset()
+    client, k = connection.get_redis(), keys()
+    holder = BlockingConnections()
+    got: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(holder.blmove(client, k.queue("default"), k.inprogress("probe"), 1))
+    )
+    waiter.start()
+    try:
+        wait_for(lambda: len(blocked(cog, "in-flight")) == 1, 10, "the thread to wait in BLMOVE")
+        (address,) = blocked(cog, "in-flight")
+        holder.close_all()
+        assert blocked(cog, "in-flight") == [address]  # still waiting, on the same connection
+        waiter.join(10)
+        assert got == [None] and holder.connections() == []
+        wait_for(lambda: named(cog, "in-flight") == [], 5, "its connection to close")
+        cog.redis.lpush(k.queue("default"), b"after")
+        assert holder.blmove(client, k.queue("default"), k.inprogress("probe"), 1) == b"after"
+        assert holder.connections() == []
+    finally:
+        waiter.join(10)
