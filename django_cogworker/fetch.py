@@ -22,14 +22,13 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from django_cogworker.acks import Acks, Owed
 from django_cogworker.conf import Config, QueueSpec
-from django_cogworker.direct_blocking import BlockingConnections
 from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable, is_unknown_command
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
@@ -71,8 +70,6 @@ class FetchContext:
     queues: tuple[QueueSpec, ...]
     quiet: threading.Event
     ledger: Ledger
-    #: Each processor thread's connection for its BLMOVE.
-    blocking: BlockingConnections = field(default_factory=BlockingConnections)
 
 
 class Fetcher:
@@ -266,8 +263,8 @@ class ReliableFetch(Fetcher):
             queue = self.waiters.enter(queues)
             try:
                 sent = time.monotonic()
-                raw = self.ctx.blocking.blmove(
-                    self.client, self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S
+                raw = self.client.blmove(
+                    self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT"
                 )
             finally:
                 self.waiters.leave(queue)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
-from django_cogworker.direct_blocking import BlockingConnections
 from django_cogworker.fetch import ReliableFetch
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, Worker, wait_for
@@ -142,7 +142,7 @@ def test_g18_jobs_handed_to_a_cut_off_worker_are_not_started_when_the_network_he
 
 @pytest.mark.parametrize(
     ("queues", "owner", "name"),
-    [(["default"], BlockingConnections, "blmove"), (["default", "mail"], ReliableFetch, "fetch_script")],
+    [(["default"], redis.Redis, "blmove"), (["default", "mail"], ReliableFetch, "fetch_script")],
     ids=["blmove", "multi-queue-script"],
 )
 def test_g18_a_fetch_reply_read_after_the_silence_is_not_started(
