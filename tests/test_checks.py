@@ -6,7 +6,7 @@ import importlib.util
 from typing import Any
 
 import pytest
-from django.core.checks import Error
+from django.core.checks import WARNING, Error
 from django.test import override_settings
 
 from django_cogworker import checks
@@ -650,6 +650,16 @@ def test_e026_the_wait_for_replicas_must_end_before_the_socket_timeout():
         run({"ENQUEUE_WAIT_REPLICAS": 0, "ENQUEUE_WAIT_TIMEOUT": 5, "REDIS_OPTIONS": {"socket_timeout": 2}})
         == []
     )
+
+
+def test_w002_a_socket_timeout_shorter_than_the_idle_fetchs_wait_is_named():
+    found = run({"REDIS_OPTIONS": {"socket_timeout": 0.5}})
+    assert [(e.id, e.level) for e in found] == [("cogworker.W002", WARNING)]
+    assert "REDIS_OPTIONS['socket_timeout'] (0.5) is too short" in found[0].msg
+    assert "longer than 1.5 s" in found[0].hint
+    assert [e.id for e in run({"REDIS_OPTIONS": {"socket_timeout": 1.5}})] == ["cogworker.W002"]
+    assert run({"REDIS_OPTIONS": {"socket_timeout": 1.6}}) == []
+    assert run({"REDIS_OPTIONS": {"socket_timeout": None}}) == []
 
 
 E027_HINT = (

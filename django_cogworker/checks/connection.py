@@ -1,8 +1,9 @@
 """Checks of how ``COGWORKER`` reaches Redis: the URL and the embedded server
 (E008, E009, E021), the cache alias (E010), redis-py's and the sentinels'
 options (E011, E025: :mod:`.options`), the key namespace (E012, and its hash tag on a
-Cluster: E024), the wait of confirmed enqueue (E026) and the bearer token
-of the metrics view (E027). A URL in a message is shown with its password
+Cluster: E024), the wait of confirmed enqueue (E026), the socket timeout
+against the idle fetch's wait (W002) and the bearer token of the metrics
+view (E027). A URL in a message is shown with its password
 masked; a token never is shown."""
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ import importlib.util
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage
+from django.core.checks import CheckMessage, Warning
 
 from django_cogworker import redis_url
-from django_cogworker.checks.base import NUMBER, error
+from django_cogworker.checks.base import NUMBER, error, is_number
 from django_cogworker.checks.options import check_options
+from django_cogworker.fetch import BLOCKING_TIMEOUT_S
+
+#: How much longer than the idle fetch's wait a socket timeout must be for
+#: the reply that ends the wait to arrive in time (a loaded server, a WAN).
+BLOCKING_REPLY_MARGIN_S = 0.5
 
 
 def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
@@ -109,6 +115,21 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
                 "Otherwise the wait for replicas times out the connection: the job is pushed but "
                 ".delay() raises RedisUnavailable, and redis-py may send the push again.",
                 "cogworker.E026",
+            )
+        )
+    if (
+        is_number(socket_timeout)
+        and float(socket_timeout or 0) <= BLOCKING_TIMEOUT_S + BLOCKING_REPLY_MARGIN_S
+    ):
+        errors.append(
+            Warning(
+                f"REDIS_OPTIONS['socket_timeout'] ({socket_timeout!r}) is too short for an idle "
+                f"worker, whose threads wait on the server up to {BLOCKING_TIMEOUT_S:g} s for a job "
+                "(BLMOVE).",
+                hint=f"Each such wait then times out, and the worker logs Redis as unreachable every "
+                f"few seconds while it is idle. Make it longer than "
+                f"{BLOCKING_TIMEOUT_S + BLOCKING_REPLY_MARGIN_S:g} s, or leave it out (no timeout).",
+                id="cogworker.W002",
             )
         )
     token = values["METRICS_TOKEN"]
