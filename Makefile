@@ -5,9 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist), a test file each: the tests mostly wait on
-# workers and servers, so two share two cores well. TEST_PROCESSES=0: one.
-TEST_PROCESSES ?= 2
+# workers and servers (a test process and its workers use about a third of a
+# core), so four share two cores well. TEST_PROCESSES=0: one.
+TEST_PROCESSES ?= 4
 XDIST = $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
+# The same processes given tests one by one, not a file each: for the runs of
+# a few files, where one long file (tests/test_guarantees.py) would else be
+# the whole run's length.
+XDIST_BY_TEST = $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist load)
 # The reliability tests that test-installed runs against the built wheel
 # (names of files not in the tree are dropped), and the cluster's own tests
 # (the suite runs the rest of tests/test_cluster.py).
@@ -133,11 +138,12 @@ tox-latest: venv
 # The fast path, enqueue and guarantee tests on the oldest redis-py that
 # pyproject.toml allows, and on Django 6.0 (Python 3.12). The newest redis-py
 # is what make test and make tox-latest install (tox -e
-# py312-django61-redisnewest pins it explicitly).
+# py312-django61-redisnewest pins it explicitly). Tests dealt out one by one
+# (XDIST_BY_TEST): four files, one of them most of the time.
 BOUNDS_TESTS := tests/test_direct.py tests/test_fast_path.py tests/test_enqueue.py tests/test_guarantees.py
 tox-bounds: venv
-	$(TOX) -e py312-django61-redisoldest -- $(XDIST) $(PYTEST_ARGS)
-	$(TOX) -e py312-django60 -- $(XDIST) $(BOUNDS_TESTS) $(PYTEST_ARGS)
+	$(TOX) -e py312-django61-redisoldest -- $(XDIST_BY_TEST) $(PYTEST_ARGS)
+	$(TOX) -e py312-django60 -- $(XDIST_BY_TEST) $(BOUNDS_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf .tox build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts .coverage .coverage.*

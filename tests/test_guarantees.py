@@ -548,7 +548,8 @@ def test_g6_a_finished_job_whose_ack_failed_is_acked_later_never_rerun(cog, in_p
     inprogress = keys().inprogress(worker.identity)
     wait_for(lambda: not cog.redis.exists(inprogress), 5, "the later ack")
     assert fetches == ["fail"] and acks == ["ok"], "acked by reconcile"
-    assert worker.manager.snapshot()[1] == {}
+    # The thread forgets the ack just after its reply: on a loaded machine a moment later.
+    wait_for(lambda: worker.manager.snapshot()[1] == {}, 5, "the acked job to be forgotten")
     time.sleep(1.0)  # five reconcile passes, two orphan checks
     worker.stop()
     assert runs(cog) == Counter({jid: 1})

@@ -67,7 +67,9 @@ def test_idle_threads_whose_waits_end_together_read_the_paused_queues_once_a_sec
         began = time.monotonic()
         wait_for(lambda: time.monotonic() - began > 3.5 and worker.alive(), what="three and a half seconds")
         monitor.connection.disconnect()
-    watcher.join(5)
+        # Before the block's end drops the connection: a watcher not yet woken
+        # by the disconnect (a loaded machine) would else read from None.
+        watcher.join(5)
     # About one a second: four at most (about twenty when each thread read it).
     assert 2 <= len(reads) <= 5, reads
 
