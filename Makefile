@@ -6,8 +6,9 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist), a test file each: the tests mostly wait on
 # workers and servers (a test process and its workers use about a third of a
-# core), so four share two cores well. TEST_PROCESSES=0: one.
-TEST_PROCESSES ?= 4
+# core), so three share two cores well and leave room for the chaos tests'
+# timing. TEST_PROCESSES=0: one.
+TEST_PROCESSES ?= 3
 XDIST = $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
 # The same processes given tests one by one, not a file each: for the runs of
 # a few files, where one long file (tests/test_guarantees.py) would else be

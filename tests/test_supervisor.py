@@ -58,23 +58,29 @@ def alive(pid: int) -> bool:
 
 
 def children_of(pid: int) -> set[int]:
-    """The live worker children of ``pid`` (not the ``file`` command that
-    ``platform.architecture()`` runs while croniter is imported)."""
+    """The live worker children of ``pid``: not the ``file`` command that
+    ``platform.architecture()`` runs while croniter is imported, nor a fork
+    of ``pid`` that runs no worker of its own (the system checks' child,
+    which keeps ``pid``'s command line; so does a worker child for the
+    instant before it execs)."""
     found = set()
+    parent = cmdline(pid)
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             stat = proc_stat(int(entry))
-            if stat is not None and stat[1] == pid and stat[0] not in ("Z", "X") and is_worker(int(entry)):
-                found.add(int(entry))
+            if stat is not None and stat[1] == pid and stat[0] not in ("Z", "X"):
+                line = cmdline(int(entry))
+                if b"cogworker" in line and line != parent:
+                    found.add(int(entry))
     return found
 
 
-def is_worker(pid: int) -> bool:
+def cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"cogworker" in fh.read()
+            return fh.read()
     except (FileNotFoundError, ProcessLookupError):
-        return False
+        return b""
 
 
 def registered(cog: CogEnv) -> dict[str, int]:
