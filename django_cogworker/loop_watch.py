@@ -8,7 +8,10 @@ job's name and jid) is named in one WARNING per blocked stretch, within
 ``BLOCKED_WARN_S + TICK_S + CHECK_S`` (under 2 s) of its start. A loop
 blocked ``BLOCKED_EXIT_S`` makes the process drain and exit with status 3,
 as a ``hard_timeout`` does: every other coroutine of the process is stalled
-behind it, and a fresh process is the remedy.
+behind it, and a fresh process is the remedy. A stretch in which the watch
+did not run either (the whole process stopped: SIGSTOP, a debugger, a
+starved machine) is not the loop's: it gets a whole ``BLOCKED_WARN_S`` from
+the watch's next run before it is taken for blocked.
 """
 
 from __future__ import annotations
@@ -46,13 +49,17 @@ class LoopWatch:
         *,
         warn_s: float = BLOCKED_WARN_S,
         exit_s: float = BLOCKED_EXIT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.loop = loop
         self.blocking_job = blocking_job
         self.on_blocked = on_blocked
         self.warn_s = warn_s
         self.exit_s = exit_s
-        self.noted = time.monotonic()
+        self.clock = clock
+        self.noted = clock()
+        #: When the watch last ran again after a stretch in which it did not run.
+        self.resumed = self.noted
         self.done = threading.Event()
 
     def start(self) -> None:
@@ -63,14 +70,19 @@ class LoopWatch:
         self.done.set()
 
     def _tick(self) -> None:
-        self.noted = time.monotonic()
+        self.noted = self.clock()
         if not self.done.is_set():
             self.loop.call_later(TICK_S, self._tick)
 
     def watch(self) -> None:
         warned = exited = False
+        woke = self.clock()
         while not self.done.wait(CHECK_S):
-            lag_s = time.monotonic() - self.noted
+            now = self.clock()
+            if now - woke > self.warn_s:
+                self.resumed = now  # this thread was stopped too: not the loop's doing
+            woke = now
+            lag_s = now - max(self.noted, self.resumed)
             if lag_s < self.warn_s:
                 warned = False
                 continue

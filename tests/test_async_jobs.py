@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -217,6 +218,28 @@ def test_a_coroutine_blocking_the_loop_is_named_in_a_warning_within_2s(cog):
     assert worker.wait(15) == 0
 
 
+def test_a_stopped_process_is_not_taken_for_a_blocked_loop_when_it_is_continued(cog):
+    """SIGSTOP stops the loop's watch too: after SIGCONT, the silence is not
+    the loop's, so nothing is named as blocking it (and a stop past
+    BLOCKED_EXIT_S would not make the process exit)."""
+    worker = start(cog, CONCURRENCY=1)
+    worker.identity()
+    before = async_jobs.asleep.delay(0.01, "before")
+    wait_for(lambda: ran(cog)[before] == 1, 20, "a coroutine to run before the stop")
+    worker.signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.5)  # past BLOCKED_WARN_S (1 s), the time the test is about
+    finally:
+        worker.signal(signal.SIGCONT)
+    after = async_jobs.asleep.delay(0.01, "after")
+    wait_for(lambda: ran(cog)[after] == 1, 20, "a coroutine to run after the stop")
+    # The watch looks every 0.1 s: a second of watching after the stop.
+    time.sleep(1.0)
+    assert "has blocked the event loop" not in worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+
+
 def test_timeout_cancels_an_awaiting_coroutine_with_jobtimeout_within_half_a_second(cog):
     worker = start(cog, CONCURRENCY=1)
     worker.identity()
@@ -272,6 +295,37 @@ def test_the_lag_watch_makes_a_loop_blocked_past_its_limit_stop_the_process(cog)
         watch.stop()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+        loop.close()
+
+
+def test_the_lag_watch_takes_a_stretch_it_did_not_run_either_for_a_stop_not_a_blocked_loop(caplog):
+    """The whole process stopped for longer than the exit limit (its clock
+    jumps between two looks of the watch, the loop silent meanwhile): no
+    WARNING, and no exit, where the loop alone being silent that long is
+    both (the test above)."""
+    from django_cogworker.loop_watch import CHECK_S, LoopWatch
+
+    now = [1000.0]
+    loop = asyncio.new_event_loop()  # never run: it notes nothing after the stop either
+    blocked: list[tuple[str, float]] = []
+    watch = LoopWatch(
+        loop,
+        lambda: None,
+        lambda jid, s: blocked.append((jid, s)),
+        warn_s=0.3,
+        exit_s=0.8,
+        clock=lambda: now[0],
+    )
+    caplog.set_level(logging.WARNING, logger="django_cogworker")
+    watch.start()
+    try:
+        time.sleep(CHECK_S * 3)  # the watch looks a few times
+        now[0] += 2.0  # SIGSTOP, then SIGCONT two seconds later
+        time.sleep(CHECK_S * 5)
+        assert blocked == []
+        assert "has blocked the event loop" not in caplog.text
+    finally:
+        watch.stop()
         loop.close()
 
 

@@ -53,6 +53,12 @@ class StopAndContinue:
                 worker.signal(signal.SIGCONT)
                 self.stopped.remove((worker, at))
         if not self.stopped:
+            # The drawn worker, unless it runs no job now and another does:
+            # a stop proves something only of a worker caught mid-run (on a
+            # loaded machine the draw alone often catches none).
+            running = running_pids(chaos.cog)
+            if workers[index].pid not in running:
+                index = next((i for i, w in enumerate(workers) if w.pid in running), index)
             workers[index].signal(signal.SIGSTOP)
             self.stopped.append((workers[index], time.monotonic()))
             self.stops += 1
@@ -60,6 +66,12 @@ class StopAndContinue:
     def continue_all(self) -> None:
         for worker, _ in self.stopped:
             worker.signal(signal.SIGCONT)
+
+
+def running_pids(cog: CogEnv) -> set[int]:
+    """The processes with a job started and not finished now, from the notes."""
+    finished = {(n["jid"], n["pid"]) for n in cog.notes()}
+    return {n["pid"] for n in cog.notes("started") if (n["jid"], n["pid"]) not in finished}
 
 
 def by_step(notes: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
