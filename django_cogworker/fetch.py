@@ -22,7 +22,7 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -33,6 +33,7 @@ from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable, 
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
 from django_cogworker.ledger import Ledger, Slots
+from django_cogworker.process import Registration
 from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
 from django_cogworker.waiting import Backoff, Waiters
@@ -70,6 +71,8 @@ class FetchContext:
     queues: tuple[QueueSpec, ...]
     quiet: threading.Event
     ledger: Ledger
+    #: Fresh while the last beat is recent: a reliable fetch waits for it (G18).
+    registration: Registration = field(default_factory=Registration)
 
 
 class Fetcher:
@@ -211,6 +214,8 @@ class ReliableFetch(Fetcher):
         ``acks`` since it finished, rides the next call (this thread's or
         one it waits for), or is sent at once when its next job was fetched
         before that call."""
+        if not self.ctx.registration.awaited(self.ctx.quiet):
+            return None  # silent past HEARTBEAT_TTL, then quiet: see Registration
         mine = self.acks.mine()
         queues = self.active_queues()
         if not queues:

@@ -121,7 +121,7 @@ class Heartbeat:
             args += [name, value]
         args += increments
         args += jobs
-        sent_at = time.time()
+        sent_at, sent_mono = time.time(), time.monotonic()
         try:
             registered, signals, full, redis_now = script("heartbeat")(
                 p.client,
@@ -143,6 +143,7 @@ class Heartbeat:
             self.ledger.give_counts_back(processed, failed, tally)
             raise
         expiry.clock.observe(float(redis_now), sent_at, time.time())
+        p.registration.renewed(sent_mono)
         if full:
             # The minimal beat wrote no counters: they wait for one that can.
             self.ledger.give_counts_back(processed, failed, tally)

@@ -74,7 +74,9 @@ class Manager:
         self.stopping = threading.Event()
         # G19: a coroutine job holds a ledger slot as a thread's job does.
         self.ledger = Ledger(concurrency + self.async_concurrency, self.quiet)
-        self.context = FetchContext(self.client, self.keys, config, identity, queues, self.quiet, self.ledger)
+        self.context = FetchContext(
+            self.client, self.keys, config, identity, queues, self.quiet, self.ledger, process.registration
+        )
         self.fetching = Fetching(self.context, fetch)
         self.settler = Settler(self.context, self.fetching, self.outage)
         self.coroutines = None

@@ -9,8 +9,10 @@ another for them.
 
 from __future__ import annotations
 
+import math
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from django_cogworker.conf import Config
 from django_cogworker.connection import Client, get_keys, get_redis, memory
@@ -20,6 +22,46 @@ from django_cogworker.outage import Outage
 #: How long a stop waits for the heartbeat, poller, ticker and housekeeper
 #: to finish their current pass before deregistering.
 BACKGROUND_STOP_TIMEOUT_S = 5.0
+
+
+#: How often a thread waiting for a beat looks at the quiet event.
+QUIET_CHECK_S = 1.0
+
+
+class Registration:
+    """When this process last told Redis, with a beat, that it is alive and
+    owns its in-progress list (G18). A process silent for longer than
+    ``HEARTBEAT_TTL`` (stopped, cut off, its heartbeat starved) may have been
+    taken for dead meanwhile: its jobs recovered and its registration
+    forgotten, so that a job fetched into its list then would sit where no
+    recovery looks. Its threads fetch again only after a beat has
+    registered it anew; so no fetch is sent later than ``HEARTBEAT_TTL``
+    after the last beat, which is what lets recovery tell when a list can
+    no longer be filled (``Recovery.forget_if_empty``)."""
+
+    def __init__(self, ttl_s: float = math.inf) -> None:
+        self.ttl_s = ttl_s
+        self._at = -math.inf  # monotonic time at which the last successful beat was sent
+        self._renewed = threading.Condition()
+
+    def renewed(self, sent_at: float) -> None:
+        """A beat sent at ``sent_at`` (monotonic) succeeded."""
+        with self._renewed:
+            self._at = max(self._at, sent_at)
+            self._renewed.notify_all()
+
+    def fresh(self) -> bool:
+        return time.monotonic() - self._at <= self.ttl_s
+
+    def awaited(self, quiet: threading.Event) -> bool:
+        """Whether the registration is fresh, after waiting for a beat if it
+        is not (False: ``quiet`` was set first)."""
+        while not self.fresh():
+            if quiet.is_set():
+                return False
+            with self._renewed:
+                self._renewed.wait_for(self.fresh, QUIET_CHECK_S)
+        return True
 
 
 @dataclass(frozen=True)
@@ -37,6 +79,8 @@ class ProcessContext:
     outage: Outage
     #: Set on stop: every background loop waits on it, so none holds a stop up.
     done: threading.Event
+    #: Renewed by each beat; the reliable fetch waits for it (G18).
+    registration: Registration = field(default_factory=Registration)
 
 
 def open_process(config: Config, identity: str, tag: str = "") -> ProcessContext:
@@ -50,4 +94,5 @@ def open_process(config: Config, identity: str, tag: str = "") -> ProcessContext
         tag=tag,
         outage=Outage(lambda: memory(client)),
         done=threading.Event(),
+        registration=Registration(config.heartbeat_ttl_s),
     )

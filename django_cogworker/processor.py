@@ -98,6 +98,8 @@ class Processor:
                     logger.exception("fetch failed")
                 self.back_off()
                 continue
+            if work is None and crew.quiet.is_set():
+                break  # also a fetch that waited for a beat: no sign that Redis answers
             self.recovered()
             if work is None:
                 continue

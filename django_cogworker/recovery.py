@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from django_cogworker import registry, stats
+from django_cogworker import expiry, registry, stats
 from django_cogworker.errors import ProcessDied
+from django_cogworker.fetch import BLOCKING_TIMEOUT_S
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode_stored, salvage
 from django_cogworker.process import ProcessContext
@@ -37,6 +38,9 @@ logger = logging.getLogger("django_cogworker")
 __all__ = ["ORPHANINGS_TTL_S", "Recovery"]
 
 T = TypeVar("T")
+
+#: Slack for the round trips and clocks in ``Recovery.forget_if_empty``.
+FORGET_MARGIN_S = 1.0
 
 
 class Recovery:
@@ -127,8 +131,23 @@ class Recovery:
         return moved
 
     def forget_if_empty(self, identity: str) -> None:
+        """Forgets a recovered identity once its list is empty and no fetch
+        of its owner can fill it any more: a process sends none later than
+        ``HEARTBEAT_TTL`` after its last beat (``process.Registration``),
+        and a blocking one sent then waits ``BLOCKING_TIMEOUT_S`` at most on
+        the server. Until then the identity stays registered, and a job that
+        such a late fetch moves into its list is recovered on a later pass
+        (G18), not left where no recovery looks."""
         k = self.keys
-        if self.client.llen(k.inprogress(identity)) == 0:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.llen(k.inprogress(identity))
+        pipe.hget(k.last_beat, identity)
+        held, stamp = pipe.execute()
+        last = _number(stamp)
+        fill_ends = self.config.heartbeat_ttl_s + BLOCKING_TIMEOUT_S + FORGET_MARGIN_S
+        if last is not None and expiry.clock.now(self.client) - last <= fill_ends:
+            return
+        if held == 0:
             pipe = self.client.pipeline(transaction=False)
             pipe.srem(k.inprogress_identities, identity)
             pipe.hdel(k.last_beat, identity)
@@ -266,3 +285,12 @@ def describe(report: dict[str, Any]) -> str:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _number(stamp: bytes | None) -> float | None:
+    """A ``last_beat`` stamp, or None when there is none or it is no number
+    (as ``requeue.lua`` reads it)."""
+    try:
+        return float(stamp) if stamp is not None else None
+    except ValueError:
+        return None

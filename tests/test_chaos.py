@@ -28,7 +28,7 @@ from typing import Any
 
 from django_cogworker.payload import decode
 from testproject.testapp import jobs
-from tests.conftest import CogEnv, Worker
+from tests.conftest import CogEnv, Worker, wait_for
 from tests.test_guarantees import assert_each_in_one_place, keys, leftovers
 
 WORKERS = 3
@@ -198,13 +198,23 @@ def process_died(cog: CogEnv) -> list[dict[str, Any]]:
 
 
 def shut_down(cog: CogEnv, workers: list[Worker]) -> None:
-    """The survivors still shut down cleanly, and deregister."""
+    """The survivors still shut down cleanly, and deregister; the dead are
+    forgotten once no late fetch of theirs can fill their lists."""
+    k = keys()
+    survivors = {w.identity().encode() for w in workers}
+    wait_for(
+        lambda: (
+            set(cog.redis.smembers(k.processes)) | set(cog.redis.smembers(k.inprogress_identities))
+            <= survivors
+        ),
+        15,
+        "the dead processes to be forgotten",
+    )
     for worker in workers:
         worker.signal(signal.SIGTERM)
     for worker in workers:
         assert worker.wait(15) == 0
     assert leftovers(cog) == {}
-    k = keys()
     assert not cog.redis.smembers(k.processes) and not cog.redis.smembers(k.inprogress_identities)
 
 

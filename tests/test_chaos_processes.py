@@ -131,6 +131,15 @@ def figures(cog: CogEnv, jids: list[str]) -> tuple[int, list[str], int]:
 
 
 def stop_cleanly(cog: CogEnv, supervisor: Worker, census: Census) -> None:
+    # The killed children are forgotten once no late fetch of theirs can
+    # fill their lists (a few seconds after their last beat).
+    wait_for(
+        lambda: (
+            {m.decode() for m in cog.redis.smembers(keys().inprogress_identities)} <= set(registered(cog))
+        ),
+        15,
+        "the killed children's registrations to be forgotten",
+    )
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(float(FAST["SHUTDOWN_TIMEOUT"]) + STOP_MARGIN_S) == 0
     wait_all_dead(census.seen[supervisor.pid], 2, "the last children to be gone")

@@ -13,6 +13,8 @@ its heartbeat fails.
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 import redis
 
 from django_cogworker.fetch import ReliableFetch
+from django_cogworker.heartbeat import Heartbeat
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, Worker, wait_for
 from tests.proxy import PausableProxy
@@ -199,4 +202,55 @@ def test_g18_an_ownership_answer_read_after_a_silence_is_asked_for_again(
     a.stop()
     assert runs(cog) == Counter({jid: 1})
     assert [n["pid"] for n in cog.notes() if n["jid"] == jid] == [b.pid]
+    assert leftovers(cog) == {}
+
+
+def test_g18_a_silent_process_fetches_nothing_into_a_list_recovery_forgot(cog, in_process, monkeypatch):
+    """A's heartbeat fails (as when it is stopped, or resumed for a moment
+    between two stops: its beat not yet sent), long enough for B to recover
+    A and forget its registration. A job comes: A's thread, which would be
+    stopped again right after its fetch, must not have moved it into A's
+    list, where no recovery looks any more. Every sample: the job is on A's
+    list only while A is registered. Then A beats again and runs it once."""
+    r, k = cog.redis, keys()
+    silent = threading.Event()
+    original_beat, original_retrieve = Heartbeat.beat, ReliableFetch.retrieve
+
+    def beat(heartbeat: Heartbeat) -> Any:
+        if silent.is_set():
+            raise redis.ConnectionError("this process is stopped")
+        return original_beat(heartbeat)
+
+    def retrieve(fetcher: ReliableFetch) -> Any:
+        work = original_retrieve(fetcher)
+        while work is not None and silent.is_set():
+            time.sleep(0.01)  # stopped again, the job in its hand
+        return work
+
+    monkeypatch.setattr(Heartbeat, "beat", beat)
+    monkeypatch.setattr(ReliableFetch, "retrieve", retrieve)
+    a = in_process(concurrency=1)
+    a_list = k.inprogress(a.identity)
+    wait_for(lambda: r.hexists(k.last_beat, a.identity), 15, "A to beat")
+    silent.set()
+    cog.start_worker("-c", "1", QUEUES=["mail"])  # recovers A; takes nothing from "default"
+    wait_for(
+        lambda: not r.sismember(k.inprogress_identities, a.identity),
+        30,
+        "B to recover A and forget its registration",
+    )
+    jid = str(jobs.record.delay("while A is silent"))
+    stray = []
+    watch_until = time.monotonic() + 3.0  # three of A's blocking fetches, had it sent them
+    while time.monotonic() < watch_until:
+        held = r.llen(a_list)
+        if held and not r.sismember(k.inprogress_identities, a.identity):
+            stray.append(held)
+        time.sleep(0.01)
+    assert not stray, "a job sat on the list of a forgotten process, where no recovery looks"
+    assert r.llen(k.queue("default")) == 1, "the silent process took the job"
+    silent.clear()
+    wait_for(lambda: runs(cog)[jid], 20, "A to beat again and run the job")
+    a.stop()
+    assert runs(cog) == Counter({jid: 1})
     assert leftovers(cog) == {}

@@ -220,9 +220,11 @@ def note_to_file(path: str, tag: object, padding: str = "", first_run_s: float =
 @job(retry=0)
 def write_loaded_modules(path: str) -> None:
     """Writes the names in the worker's ``sys.modules`` to ``path`` (JSON):
-    what a worker has loaded by the time it runs this."""
-    with open(path, "w") as fh:
+    what a worker has loaded by the time it runs this. Written to a side
+    file and renamed, so a reader waiting for ``path`` never reads half."""
+    with open(path + ".part", "w") as fh:
         json.dump(sorted(sys.modules), fh)
+    os.replace(path + ".part", path)
 
 
 @job(timeout=1.0, retry=False)
