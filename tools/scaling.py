@@ -261,6 +261,36 @@ def main() -> None:
             f"({statistics.median(r.forced for r in found):.1f})"
         )
         print(f"| {label} | {rates} | {median:,.0f} | {median / one:.2f}x | {cores} | {per_job} |")
+    if not args.policy:
+        for first, second in ((ROWS[0][0], ROWS[1][0]), (ROWS[2][0], ROWS[3][0])):
+            if first in runs and second in runs:
+                _model(first, runs[first], runs[second])
+
+
+def _model(label: str, one: list[Run], two: list[Run]) -> None:
+    """The model that predicts N processes from one process's figures, and
+    its check against the measured ``--processes 2`` row of the same
+    settings. Per job: c_w µs of worker CPU, c_r µs of Redis CPU; u, the
+    share of its core one process keeps busy (the rest is waiting for
+    Redis's replies). N processes on N cores of their own, Redis on another:
+    min(N u / c_w, 1 / c_r), Redis's core the ceiling. On this machine's
+    cores, shared by the workers and Redis: at most cores / (c_w + c_r)."""
+    c_w = statistics.median(r.cpu_us for r in one)
+    c_r = statistics.median(r.redis_cores / r.per_s * 1e6 for r in one)
+    u = statistics.median(r.worker_cores for r in one)
+    cores = os.cpu_count() or 1
+    measured = statistics.median(r.per_s for r in two)
+    shared = min(2 * u * 1e6 / c_w, cores * 1e6 / (c_w + c_r))
+    print(
+        f"\nmodel from '{label}': c_w {c_w:.0f} µs, c_r {c_r:.1f} µs of Redis CPU a job, u {u:.2f}; "
+        f"2 processes on these {cores} cores (Redis among them): predicted <= {shared:,.0f} jobs/s, "
+        f"measured {measured:,.0f} ({measured / shared:.0%} of it)"
+    )
+    projected = ", ".join(f"{n}: {min(n * u * 1e6 / c_w, 1e6 / c_r):,.0f}" for n in (1, 2, 4, 8, 16))
+    print(
+        f"N processes on N cores of their own, Redis on another (jobs/s): {projected}; "
+        f"one Redis core's ceiling {1e6 / c_r:,.0f} at N = {c_w / (u * c_r):.1f}"
+    )
 
 
 if __name__ == "__main__":
