@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from django_cogworker import expiry, registry, stats
+from django_cogworker import registry, stats
 from django_cogworker.errors import ProcessDied
 from django_cogworker.fetch import BLOCKING_TIMEOUT_S
 from django_cogworker.keys import Keys
@@ -137,23 +137,22 @@ class Recovery:
         and a blocking one sent then waits ``BLOCKING_TIMEOUT_S`` at most on
         the server. Until then the identity stays registered, and a job that
         such a late fetch moves into its list is recovered on a later pass
-        (G18), not left where no recovery looks."""
+        (G18), not left where no recovery looks. Decided in ``forget.lua``,
+        atomically with a beat that may have come meanwhile."""
         k = self.keys
-        pipe = self.client.pipeline(transaction=False)
-        pipe.llen(k.inprogress(identity))
-        pipe.hget(k.last_beat, identity)
-        held, stamp = pipe.execute()
-        last = _number(stamp)
-        fill_ends = self.config.heartbeat_ttl_s + BLOCKING_TIMEOUT_S + FORGET_MARGIN_S
-        if last is not None and expiry.clock.now(self.client) - last <= fill_ends:
-            return
-        if held == 0:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.srem(k.inprogress_identities, identity)
-            pipe.hdel(k.last_beat, identity)
-            pipe.srem(k.processes, identity)
-            pipe.delete(k.workers(identity))
-            pipe.execute()
+        span_s = self.config.heartbeat_ttl_s + BLOCKING_TIMEOUT_S + FORGET_MARGIN_S
+        script("forget")(
+            self.client,
+            [
+                k.inprogress(identity),
+                k.process(identity),
+                k.last_beat,
+                k.inprogress_identities,
+                k.processes,
+                k.workers(identity),
+            ],
+            [identity, span_s],
+        )
 
     def candidate_identities(self, *, scan: bool, report: dict[str, Any]) -> list[str]:
         # Each source on its own: an unreadable registry must not also lose
@@ -286,11 +285,3 @@ def describe(report: dict[str, Any]) -> str:
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
-
-def _number(stamp: bytes | None) -> float | None:
-    """A ``last_beat`` stamp, or None when there is none or it is no number
-    (as ``requeue.lua`` reads it)."""
-    try:
-        return float(stamp) if stamp is not None else None
-    except ValueError:
-        return None

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_cogworker.fetch import ReliableFetch
+from django_cogworker.fetch import BLOCKING_TIMEOUT_S, ReliableFetch
 from django_cogworker.heartbeat import Heartbeat
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, Worker, wait_for
@@ -254,3 +254,38 @@ def test_g18_a_silent_process_fetches_nothing_into_a_list_recovery_forgot(cog, i
     a.stop()
     assert runs(cog) == Counter({jid: 1})
     assert leftovers(cog) == {}
+
+
+@pytest.mark.parametrize(
+    ("state", "forgotten"),
+    [
+        ("a beat landed since", False),
+        ("silent for less than the span", False),
+        ("silent past the span", True),
+    ],
+)
+def test_g18_recovery_forgets_a_process_only_when_no_fetch_of_its_own_can_fill_its_list(
+    cog, state, forgotten
+):
+    """Recovered (its list empty), the process is forgotten only when it has
+    no presence key (a beat that came after the recovery keeps it, decided
+    atomically with the forget) and its last beat is older than
+    HEARTBEAT_TTL plus a blocking fetch's wait plus slack."""
+    from django_cogworker.conf import get_config
+    from django_cogworker.process import open_process
+    from django_cogworker.recovery import FORGET_MARGIN_S, Recovery
+    from tests.test_guarantees import plant_dead_identity
+
+    r, k = cog.redis, keys()
+    config = get_config()
+    span_s = config.heartbeat_ttl_s + BLOCKING_TIMEOUT_S + FORGET_MARGIN_S
+    identity = "host:7:forget"
+    age_s = span_s + 5 if state != "silent for less than the span" else span_s - 1.5
+    plant_dead_identity(cog, identity, [], beat_age_s=age_s)
+    r.sadd(k.processes, identity)
+    if state == "a beat landed since":
+        r.set(k.process(identity), "alive", ex=30)
+    Recovery(open_process(config, "host:8:recovery")).forget_if_empty(identity)
+    assert r.sismember(k.inprogress_identities, identity) != forgotten
+    assert r.sismember(k.processes, identity) != forgotten
+    assert r.hexists(k.last_beat, identity) != forgotten

@@ -1,0 +1,31 @@
+-- Forget a recovered process: its registration in inprogress_identities,
+-- its last-beat stamp, its place in the processes set and its running-jobs
+-- record. Only when, atomically: its presence key is gone (a beat that
+-- landed since the recovery keeps it registered), its in-progress list is
+-- empty, and no fetch of its own can still fill that list: a process sends
+-- none later than HEARTBEAT_TTL after its last beat, and a blocking one
+-- waits on the server for a bounded time after that (G18); ARGV[2] is that
+-- whole span, measured on Redis's clock from the stamp.
+--
+-- KEYS[1] = the in-progress list, KEYS[2] = its owner's presence key,
+-- KEYS[3] = last_beat hash, KEYS[4] = inprogress_identities set,
+-- KEYS[5] = processes set, KEYS[6] = the owner's running-jobs hash.
+-- ARGV[1] = the owner's identity, ARGV[2] = the span (s).
+-- Returns 1 when forgotten, 0 when kept.
+if redis.call("EXISTS", KEYS[2]) == 1 or redis.call("LLEN", KEYS[1]) > 0 then
+  return 0
+end
+-- A stamp that is not a number counts as no stamp, as in requeue.lua.
+local last = tonumber(redis.call("HGET", KEYS[3], ARGV[1]) or "")
+if last then
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call("TIME")
+  if tonumber(t[1]) + tonumber(t[2]) / 1000000 - last <= tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call("SREM", KEYS[4], ARGV[1])
+redis.call("HDEL", KEYS[3], ARGV[1])
+redis.call("SREM", KEYS[5], ARGV[1])
+redis.call("DEL", KEYS[6])
+return 1
