@@ -284,4 +284,3 @@ def describe(report: dict[str, Any]) -> str:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
