@@ -88,9 +88,9 @@ def test_g22_g18_a_worker_stopped_past_the_threshold_its_late_acks_change_nothin
         slow = [str(batch_jobs.slow_first.delay(8, f"slow-{i}")) for i in range(2)]
         quick = batch_jobs.member.delay_many([((0.01, f"quick-{i}"), {}) for i in range(10)])
     wait_for(
-        lambda: {n["jid"] for n in cog.notes("started") if n["pid"] == stopped.pid} >= set(slow),
+        lambda: {n["jid"] for n in cog.notes("sleeping") if n["pid"] == stopped.pid} >= set(slow),
         STALL_S,
-        "both slow members running in the process to stop",
+        "both slow members sleeping in the process to stop",
     )
     stopped.signal(signal.SIGSTOP)
     try:
@@ -133,7 +133,7 @@ def test_g22_g18_a_late_ack_before_the_recovered_run_leaves_the_member_pending(c
     with batch(description="late ack first", **callbacks()) as b:
         slow = str(batch_jobs.slow_first.delay(4, "slow"))
         batch_jobs.member.delay_many([((0, f"q{i}"), {}) for i in range(3)])
-    wait_for(lambda: ran(cog, slow, "started"), STALL_S, "the slow member running in the process to stop")
+    wait_for(lambda: ran(cog, slow, "sleeping"), STALL_S, "the slow member sleeping in the process to stop")
     cog.redis.sadd(k.paused, "default")
     stopped.signal(signal.SIGSTOP)
     try:

@@ -140,6 +140,9 @@ def slow_first(seconds: float, tag: object = None) -> None:
     process running it; any later run is quick."""
     _note("started", tag=tag, bid=_bid(), thread=threading.current_thread().name)
     if _first_run("slow"):
+        # Noted once this run knows it is the first: a test that stops the
+        # process stops it in the sleep, not between asking and knowing.
+        _note("sleeping", tag=tag, bid=_bid())
         time.sleep(seconds)
     _note("runs", tag=tag, bid=_bid(), thread=threading.current_thread().name)
 
