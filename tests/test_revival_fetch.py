@@ -23,12 +23,15 @@ from typing import Any
 import pytest
 import redis
 
+from django_cogworker.conf import get_config
 from django_cogworker.fetch import BLOCKING_TIMEOUT_S, ReliableFetch
 from django_cogworker.heartbeat import Heartbeat
+from django_cogworker.process import open_process
+from django_cogworker.recovery import FORGET_MARGIN_S, Recovery
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, Worker, wait_for
 from tests.proxy import PausableProxy
-from tests.test_guarantees import keys, leftovers, runs
+from tests.test_guarantees import keys, leftovers, plant_dead_identity, runs
 from tests.test_revival import HeldThread
 
 NOT_STARTED = "not starting a job fetched"
@@ -271,11 +274,6 @@ def test_g18_recovery_forgets_a_process_only_when_no_fetch_of_its_own_can_fill_i
     no presence key (a beat that came after the recovery keeps it, decided
     atomically with the forget) and its last beat is older than
     HEARTBEAT_TTL plus a blocking fetch's wait plus slack."""
-    from django_cogworker.conf import get_config
-    from django_cogworker.process import open_process
-    from django_cogworker.recovery import FORGET_MARGIN_S, Recovery
-    from tests.test_guarantees import plant_dead_identity
-
     r, k = cog.redis, keys()
     config = get_config()
     span_s = config.heartbeat_ttl_s + BLOCKING_TIMEOUT_S + FORGET_MARGIN_S
