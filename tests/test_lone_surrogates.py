@@ -133,6 +133,8 @@ def test_g13_a_queue_name_with_a_lone_surrogate_takes_the_retry_to_that_queue_es
     # The poller went on: a job due after it is moved and run.
     later = jobs.record.delay_in(0.1, "due later")
     wait_for(lambda: any(n["jid"] == later for n in cog.notes()), 15, "a due job after it")
+    # Its ack may follow its note by a moment (it rides the thread's next call).
+    wait_for(lambda: in_progress(cog) == 0, 15, "the due job's ack")
     assert runs(cog, "to another queue") == 1 and in_progress(cog) == 0
     assert "poller" not in worker.log() and crashes(worker.log()) == 0
 
