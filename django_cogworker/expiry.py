@@ -110,15 +110,17 @@ def drop(client: Any, keys: Keys, payloads: Iterable[Payload], where: str, *, un
     for p in payloads:
         logger.info("jid=%s %s expired (%s): dropped", p.get("jid"), p.get("job"), where)
     try:
-        pipe = client.pipeline(transaction=False)
-        pipe.incrby(keys.stat_expired, len(payloads))
-        for name, n in Counter(str(p.get("job")) for p in payloads).items():
-            pipe.hincrby(keys.stat_expired_jobs, name, n)
-        pipe.execute()
+        # The locks first: whoever sees a job counted as expired can take
+        # an identical one again.
         if unlock:
             for p in payloads:
                 d, jid = p.get("unique_digest"), p.get("jid")
                 if isinstance(d, str) and d and isinstance(jid, str) and jid:
                     locks.release_owned(client, keys.unique(d), jid)
+        pipe = client.pipeline(transaction=False)
+        pipe.incrby(keys.stat_expired, len(payloads))
+        for name, n in Counter(str(p.get("job")) for p in payloads).items():
+            pipe.hincrby(keys.stat_expired_jobs, name, n)
+        pipe.execute()
     except Exception as exc:
         logger.error("could not record %d expired job(s): %s: %s", len(payloads), type(exc).__name__, exc)
