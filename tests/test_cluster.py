@@ -32,9 +32,6 @@ from tests.test_batches import (  # G22: every key of a batch's scripts in one s
     test_g22_deaths_fire_on_death_and_settled_never_success,  # noqa: F401
     test_g22_members_pushed_at_exit_and_each_callback_once,  # noqa: F401
 )
-from tests.test_batches_chaos import (  # G22 under SIGKILL chaos, on the cluster too
-    test_g22_sigkill_chaos_each_callback_enqueued_once_after_its_condition_nothing_lost,  # noqa: F401
-)
 from tests.test_batches_ends import (
     test_g22_a_dead_member_retried_before_settlement_is_live_again,  # noqa: F401
     test_g22_g3_a_poison_pill_buried_is_a_dead_member,  # noqa: F401
@@ -45,9 +42,6 @@ from tests.test_batches_faults import (
 from tests.test_chains import (
     test_g22_a_chain_keeps_its_batch_open_until_its_last_step,  # noqa: F401
     test_g22_chord_body_gets_results_in_header_order_once,  # noqa: F401
-)
-from tests.test_chains_chaos import (
-    test_g22_chains_and_chords_under_chaos_each_step_and_body_enqueued_once,  # noqa: F401
 )
 from tests.test_failover import Producer, assert_only_outages, beating_workers
 from tests.test_guarantees import (  # the guarantees that need no server of their own
@@ -88,7 +82,10 @@ from tests.topology import ClusterGroup, redis_cluster  # noqa: F401
 
 # Not collected again here: tests that need a server of their own (to count
 # its commands, to stop it), that do not depend on where Redis is (logins,
-# permissions, CSRF), and the 100k-entry timing, which is one server's.
+# permissions, CSRF), and the 100k-entry timing, which is one server's. Nor
+# the workflows' chaos tests: what a cluster adds to them, every key of each
+# script call in one slot, tests/test_script_slots.py checks call by call,
+# and the cluster's own failover is test_g16_g11_... below.
 for _name in (
     "test_a_selection_of_unsettled_entries_is_found_in_one_read_of_the_list",
     "test_every_page_answers_503_inside_the_admin_when_redis_is_down",
