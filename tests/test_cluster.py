@@ -12,11 +12,13 @@ every master, the capability check, a cluster client from a cache alias.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
 import redis
+import redis.crc
 
 from django_cogworker import connection, errors
 from django_cogworker.conf import get_config
@@ -78,6 +80,7 @@ from tests.test_metrics_robustness import (  # the figures' script, and a beat, 
     test_percentiles_are_clamped_to_the_fastest_and_slowest_run,  # noqa: F401
 )
 from tests.test_tasks import *  # noqa: F403  (the Tasks backend)
+from tests.test_worker_logs import status
 from tests.topology import ClusterGroup, redis_cluster  # noqa: F401
 
 # Not collected again here: tests that need a server of their own (to count
@@ -120,6 +123,29 @@ def test_g16_the_client_is_a_cluster_client_and_reliable_fetch_is_supported(cog:
     assert isinstance(client, redis.RedisCluster)
     assert get_config().namespace == cog.namespace and cog.namespace.startswith("{")
     assert reliable_supported(client)
+
+
+def test_g16_status_shards_names_the_slot_and_master_of_the_queues_and_the_idle_masters(
+    cog: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    """``cogworker_status --shards`` (SPEC section 16) on today's layout:
+    every queue in the namespace's slot, on the master that owns it, and a
+    warning naming the two masters that hold none."""
+    jobs.record.delay("queued")
+    jobs.record.set(queue="low").delay("queued")
+    code, out, err = status(cog, "--shards", "--json")
+    assert code == 1, out + err
+    found = json.loads(out)["shards"]
+    [group] = found["groups"]
+    owner = f"127.0.0.1:{redis_cluster.owner_of(cog.key('queues'))}"
+    assert group["slot"] == redis.crc.key_slot(cog.namespace.encode()) and group["master"] == owner, group
+    assert {"default", "low"} <= set(group["queues"]), group
+    assert found["cluster"] is True and len(found["masters"]) == 3, found
+    assert sorted(found["idle_masters"]) == sorted(set(found["masters"]) - {owner}), found
+    code, out, _ = status(cog, "--shards")
+    assert f"slot {group['slot']} on {owner}, queues " in out, out
+    assert "warning: 2 master(s) hold no queue" in out, out
 
 
 def test_g16_the_boot_scan_finds_an_unregistered_list_on_every_master(cog: CogEnv) -> None:

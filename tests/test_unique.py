@@ -196,7 +196,8 @@ def test_in_a_worker_the_lock_lives_until_success_or_start(cog, until, duplicate
     during = slow.delay(1.5, "first")
     assert (during is not None) == duplicate_while_running
     wait_for(lambda: len(cog.notes("runs")) == (2 if during else 1), 20, "the runs to finish")
-    assert cog.notes("runs")[0]["jid"] == first
+    # Both sleep as long: under load the duplicate may finish first.
+    assert sorted(n["jid"] for n in cog.notes("runs")) == sorted(j for j in (first, during) if j)
     wait_for(lambda: locks_held(cog) == {}, 5, "the lock to go")
     assert slow.delay(1.5, "first") is not None  # free once finished
     worker.signal(signal.SIGTERM)

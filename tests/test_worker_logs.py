@@ -228,6 +228,24 @@ def test_cogworker_status_exit_codes_and_json(cog):
     assert code == 2 and "error" in json.loads(out) and "hunter22" not in out + err
 
 
+def test_cogworker_status_shards_on_one_server_puts_every_queue_there(cog):
+    """SPEC section 16's ``--shards`` on a server that is not a cluster: one
+    group, no slot, every queue on that server (named without its password)."""
+    jobs.record.delay("queued")
+    jobs.record.set(queue="mail").delay("queued")
+    code, out, err = status(cog, "--shards", "--json")
+    assert code == 1, out + err
+    found = json.loads(out)["shards"]
+    assert found["cluster"] is False and found["idle_masters"] == [], found
+    [group] = found["groups"]
+    assert group["group"] == cog.namespace and group["slot"] is None, group
+    assert {"default", "mail"} <= set(group["queues"]) and group["master"] == found["masters"][0]
+    code, out, _ = status(cog, "--shards")
+    assert f"shards: not a cluster: every queue is on {group['master']}" in out, out
+    code, out, _ = status(cog, "--json")
+    assert "shards" not in json.loads(out), "only asked for"
+
+
 @pytest.mark.parametrize("argv", [["--reload"], ["--processes", "2", "--reload"]])
 def test_reload_and_processes_are_not_passed_to_the_children(argv):
     from django_cogworker.management.commands.cogworker import Command

@@ -4,7 +4,9 @@ probes and scripts.
 Prints the live processes, the queues with their size and latency, and
 the scheduled/retry/dead/unsettled sizes, and a warning when Redis keeps
 nothing on disk (``persistence_warning``; null when it does, or when it
-would not say). Exit status: 0 when at least
+would not say). ``--shards`` adds where the queues' keys live
+(``shards.spread``): each group, its slot and master, and the masters
+that hold none. Exit status: 0 when at least
 one live process is registered, 1 when none is, 2 when Redis cannot be
 read (unreachable, or it refused: a wrong password, say). A liveness probe
 runs it as it is; a script reads ``--json``.
@@ -19,9 +21,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_cogworker import api
+from django_cogworker import api, shards
 from django_cogworker.conf import get_config
-from django_cogworker.connection import describe
+from django_cogworker.connection import describe, get_keys, get_redis
 from django_cogworker.errors import CogworkerError, full_message
 from django_cogworker.escaping import one_line
 
@@ -29,7 +31,7 @@ from django_cogworker.escaping import one_line
 LIVE, NO_PROCESS, NO_REDIS = 0, 1, 2
 
 
-def snapshot() -> dict[str, Any]:
+def snapshot(*, with_shards: bool = False) -> dict[str, Any]:
     """Everything the command reports, read from Redis in a fixed number of
     round trips (CogworkerError when Redis cannot be read)."""
     now = time.time()
@@ -61,7 +63,7 @@ def snapshot() -> dict[str, Any]:
     }
     found = api.memory()
     figures = {} if found is None else {"used_memory": found.used_bytes, "maxmemory": found.maxmemory_bytes}
-    return {
+    report: dict[str, Any] = {
         "processes": processes,
         "queues": queues,
         **sizes,
@@ -69,6 +71,10 @@ def snapshot() -> dict[str, Any]:
         "full": bool(found and found.full),
         "persistence_warning": api.persistence_note(),
     }
+    if with_shards:
+        names = [str(q["name"]) for q in queues]
+        report["shards"] = shards.spread(get_redis(), get_keys(), names, get_config()).as_dict()
+    return report
 
 
 def as_text(report: dict[str, Any]) -> str:
@@ -103,6 +109,8 @@ def as_text(report: dict[str, Any]) -> str:
         f"scheduled {report['scheduled']}, retry {report['retry']}, dead {report['dead']}, "
         f"unsettled {report['unsettled']}"
     )
+    if "shards" in report:
+        lines.extend(shards.lines(report["shards"]))
     return "\n".join(one_line(line) for line in lines)
 
 
@@ -115,11 +123,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument(
+            "--shards",
+            action="store_true",
+            help="also where the queues' keys live: each group's hash slot and master, "
+            "and the masters that hold none",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         where = describe(get_config())  # never the password
         try:
-            report = {"redis": where, **snapshot()}
+            report = {"redis": where, **snapshot(with_shards=options["shards"])}
         except CogworkerError as exc:
             message = f"Redis at {where} cannot be read: {exc}"
             if options["json"]:

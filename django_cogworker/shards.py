@@ -1,0 +1,93 @@
+"""Where the queues' keys live: each group of queues that shares a hash
+slot, the slot, and the server that holds it (``cogworker_status
+--shards``, SPEC section 16).
+
+Every key is built from the namespace (``keys.py``), so every queue is in
+one group: on a Redis Cluster the namespace's hash tag (``{N}``) puts all
+of them in one slot, on one master, and the other masters hold none. That
+is failover, not more throughput, and :func:`spread` says so with the
+masters left idle. The cluster's layout is read from the client's own map
+of slots (no command sent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.crc import key_slot
+
+from django_cogworker.connection import describe, is_cluster
+from django_cogworker.errors import redis_boundary
+from django_cogworker.escaping import storable
+from django_cogworker.keys import Keys
+
+
+@dataclass(frozen=True)
+class Shard:
+    #: What the group's keys share: the namespace.
+    group: str
+    queues: list[str]
+    #: The hash slot of the group's keys; None on a server that is not a cluster.
+    slot: int | None
+    #: ``host:port`` of the master that holds the slot (the server, with no
+    #: credentials, when it is not a cluster).
+    server: str
+
+
+@dataclass(frozen=True)
+class Spread:
+    shards: list[Shard]
+    #: Every master of the cluster; the one server otherwise.
+    masters: list[str]
+    cluster: bool
+    idle_masters: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        held = {s.server for s in self.shards}
+        object.__setattr__(self, "idle_masters", [m for m in self.masters if m not in held])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "groups": [
+                {"group": s.group, "queues": s.queues, "slot": s.slot, "master": s.server}
+                for s in self.shards
+            ],
+            "masters": self.masters,
+            "idle_masters": self.idle_masters,
+        }
+
+
+def _address(node: Any) -> str:
+    return f"{node.host}:{node.port}"
+
+
+@redis_boundary("read where the queues' keys live")
+def spread(client: Any, keys: Keys, queues: list[str], config: Any) -> Spread:
+    """The groups of ``queues`` and where each is held."""
+    if not is_cluster(client):
+        server = describe(config)
+        return Spread([Shard(keys.namespace, queues, None, server)], [server], cluster=False)
+    key = storable(keys.queues)
+    node = client.get_node_from_key(key)
+    shard = Shard(keys.namespace, queues, key_slot(key.encode()), _address(node))
+    masters = sorted(_address(n) for n in client.get_primaries())
+    return Spread([shard], masters, cluster=True)
+
+
+def lines(found: dict[str, Any]) -> list[str]:
+    """``Spread.as_dict()`` for people (the caller escapes each line)."""
+    groups, masters, idle = found["groups"], found["masters"], found["idle_masters"]
+    if not found["cluster"]:
+        return [f"shards: not a cluster: every queue is on {masters[0]}"]
+    out = [f"shards: {len(groups)} group(s) on {len(masters) - len(idle)} of {len(masters)} masters"]
+    for g in groups:
+        names = ",".join(g["queues"]) or "-"
+        out.append(f"  {g['group']}: slot {g['slot']} on {g['master']}, queues {names}")
+    if idle:
+        out.append(
+            f"warning: {len(idle)} master(s) hold no queue ({', '.join(idle)}): every key is in "
+            "the namespace's one slot, so one master serves every job (failover, not more throughput)"
+        )
+    return out
