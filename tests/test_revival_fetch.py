@@ -171,6 +171,9 @@ def test_g18_a_fetch_reply_read_after_the_silence_is_not_started(
     held.release.set()  # A reads the reply now
     wait_for(lambda: NOT_STARTED in worker_log.text or runs(cog)[jid] > 1, 10, "A to deal with the reply")
     a.stop()
+    # B acknowledges the recovered job just after its note.
+    b_list = k.inprogress(b.identity())
+    wait_for(lambda: not r.exists(b_list), 10, "B's ack")
     assert runs(cog) == Counter({jid: 1})
     assert [n["pid"] for n in cog.notes() if n["jid"] == jid] == [b.pid]
     assert leftovers(cog) == {}
@@ -203,6 +206,9 @@ def test_g18_an_ownership_answer_read_after_a_silence_is_asked_for_again(
     held.release.set()  # A reads the answer "ours" now
     wait_for(lambda: NOT_STARTED in worker_log.text or runs(cog)[jid] > 1, 10, "A to deal with the answer")
     a.stop()
+    # B acknowledges the recovered job just after its note.
+    b_list = k.inprogress(b.identity())
+    wait_for(lambda: not r.exists(b_list), 10, "B's ack")
     assert runs(cog) == Counter({jid: 1})
     assert [n["pid"] for n in cog.notes() if n["jid"] == jid] == [b.pid]
     assert leftovers(cog) == {}

@@ -117,7 +117,9 @@ def test_scheduled_jobs_run_at_their_time_not_before(cog):
     by_jid = {n["jid"]: n for n in runs}
     assert soon_due <= by_jid[soon]["at"] <= soon_due + 2.0
     assert due_at <= by_jid[later]["at"] <= due_at + 2.0
-    assert [n["jid"] for n in runs] == [soon, later]
+    # Each once. Not their order: run late (as the bounds above allow), both
+    # may be moved in one poller pass and run side by side on two threads.
+    assert sorted(n["jid"] for n in runs) == sorted([soon, later])
     assert cog.redis.zcard(cog.key("schedule")) == 0
     stop(worker)
 

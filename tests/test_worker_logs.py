@@ -49,7 +49,8 @@ def test_without_logging_the_worker_prints_its_start_line_and_one_line_per_job(c
     ok = jobs.record.delay("fine")
     bad = jobs.fail.delay("boom")
     worker = cog.start_worker("-c", "2", env=bare_project(cog, tmp_path))
-    wait_for(lambda: f"jid={bad} " in worker.log(), 20, "the failure's line")
+    # Both lines: the two jobs run side by side, either may end first.
+    wait_for(lambda: f"jid={bad} " in worker.log() and f"jid={ok} " in worker.log(), 20, "both jobs' lines")
     log = stop(worker)
     lines = log.splitlines()
     # A record per line; the failure's traceback indented under its line.
