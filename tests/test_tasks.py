@@ -575,6 +575,7 @@ def test_timeout_a_busy_task_is_stopped_and_filed_with_jobtimeout(cog):
     result = tasks.busy_past_timeout.enqueue("spin")
     cog.start_worker()
     wait_for(lambda: status_of(result.id) == "FAILED", 20, "the task to time out")
+    wait_for(lambda: dead_entries(cog), 10, "the dead entry")  # filed after the record says FAILED
     (dead,) = dead_entries(cog)
     assert (dead["jid"], dead["error_class"]) == (result.id, "django_cogworker.errors.JobTimeout")
     assert "timeout of 1s" in dead["error_message"]
