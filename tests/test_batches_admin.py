@@ -52,6 +52,8 @@ def test_g22_dead_members_retried_from_the_admin_before_settling_bring_success_b
     )
     assert "Retried 1 of 1 jobs" in " ".join(messages_of(response))
     wait_for(lambda: ran(cog, str(one)) and ran(cog, str(two)), STALL_S, "the retried members to succeed")
+    # Each is moved out of pending by its ack, sent after its note.
+    wait_for(lambda: batch_jobs.figures(b.bid)["pending"] == 1, STALL_S, "the retried members' acks")
     seen = batch_jobs.figures(b.bid)
     assert (seen["dead"], seen["failed"], seen["pending"], seen["fired"]) == (0, 0, 1, ["death"]), seen
     go(cog, "gate")

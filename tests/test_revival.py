@@ -169,6 +169,9 @@ def test_g18_a_revived_process_does_not_start_a_job_fetched_before_it_stopped(co
     time.sleep(0.5)
     a.stop()
     said.close()
+    # B acknowledges its run with its thread's next fetch, after the note.
+    b_list = k.inprogress(b.identity())
+    wait_for(lambda: not r.exists(b_list), 10, "B's ack")
     assert runs(cog) == Counter({jid: 1})
     assert [n["pid"] for n in notes_of(cog, "runs", jid)] == [b_pid]
     assert leftovers(cog) == {}

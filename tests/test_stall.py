@@ -67,6 +67,10 @@ def test_g2_a_redis_stall_longer_than_the_threshold_takes_no_live_process_for_de
     assert runs(cog) == Counter({jid: 1 for jid in jids})
     for worker in workers:
         assert "left in progress by dead process" not in worker.log(), worker.log()
+    # Each job's ack rides its thread's next fetch, after its note.
+    for identity in lists:
+        wait_for(lambda i=identity: not cog.redis.exists(keys().inprogress(i)), 10, f"{identity}'s acks")
+    assert runs(cog) == Counter({jid: 1 for jid in jids})
     assert leftovers(cog) == {}
     assert {i.decode() for i in cog.redis.smembers(keys().processes)} == set(lists)
     for worker in workers:
