@@ -17,12 +17,14 @@ from tests.conftest import kill, wait_for
 from tests.test_guarantees import jid_of, keys, leftovers, plant_dead_identity, raw_job, run_requeue
 
 JOBS = 40
-JOB_S = 3.0
+#: Long enough that A starts all of them before the first ends, and B all
+#: of them within one job length, on a loaded machine too (3 s was tight).
+JOB_S = 6.0
 
 
 def test_g3_the_jobs_of_a_killed_busy_worker_run_in_parallel_in_the_next_one(cog):
-    """A -c 40 worker SIGKILLed with 40 three-second jobs running: the next
-    worker runs them side by side, not one after another (120 s)."""
+    """A -c 40 worker SIGKILLed with 40 six-second jobs running: the next
+    worker runs them side by side, not one after another (240 s)."""
     cog.configure(CONCURRENCY=JOBS)
     r, k = cog.redis, keys()
     jids = set(jobs.noted_pace.delay_many([((JOB_S, i), {}) for i in range(JOBS)]))

@@ -142,8 +142,10 @@ def test_g23_queue_limit_one_at_a_time_and_other_queues_run_meanwhile(cog: CogEn
     start_workers(cog, 2, CONCURRENCY=4)
     reports = {f"r{i}" for i in range(6)}
     others = {f"o{i}" for i in range(10)}
+    # One at a time, the last report starts 5 x 0.8 s after the first: the
+    # other queue's ten quick jobs end before it on a loaded machine too.
     for tag in sorted(reports):
-        limited_jobs.report.delay(0.3, tag)
+        limited_jobs.report.delay(0.8, tag)
     for tag in sorted(others):
         jobs.record.delay(tag)
     wait_all_run(cog, reports | others, "the reports and the other queue's jobs")
@@ -207,8 +209,10 @@ def test_g23_acquire_in_job_code_waits_and_runs_again_from_its_start(cog: CogEnv
 
 def test_g23_expires_drops_a_job_that_waited_past_its_deadline(cog: CogEnv) -> None:
     start_workers(cog, 1, CONCURRENCY=4)
+    # The holders outlast the late job's deadline (1 s after its enqueue)
+    # even when a loaded machine delays that enqueue by seconds.
     for i in range(2):
-        limited_jobs.erp_sync.delay(3, f"holder{i}")
+        limited_jobs.erp_sync.delay(6, f"holder{i}")
     wait_for(lambda: holders(cog) == 2, 15, "both slots held")
     limited_jobs.erp_sync.set(expires_in=1).delay(0.1, "late")
     limited_jobs.erp_sync.delay(0.1, "patient")

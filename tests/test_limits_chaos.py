@@ -84,8 +84,10 @@ def test_g23_sigkill_chaos_never_more_holders_than_the_limit_nothing_lost(cog: C
 def test_g23_sigkill_the_holder_of_both_slots_they_come_back_after_the_threshold(cog: CogEnv) -> None:
     holder = cog.start_worker(CONCURRENCY=2)
     holder.identity()
+    # Long enough to hold both slots until the kill: another worker boots
+    # meanwhile, which a loaded machine can stretch past 3 s.
     for i in range(2):
-        limited_jobs.erp_sync.delay(3, f"long{i}")
+        limited_jobs.erp_sync.delay(8, f"long{i}")
     wait_for(lambda: holders(cog) == 2 and len(cog.notes("started")) == 2, 15, "both slots held")
     other = cog.start_worker(CONCURRENCY=4)
     other.identity()
@@ -116,7 +118,10 @@ def test_g23_sigkill_the_holder_of_both_slots_they_come_back_after_the_threshold
 def test_g23_g18_sigstop_the_holder_past_the_threshold_its_late_release_frees_nothing(cog: CogEnv) -> None:
     stopped = cog.start_worker(CONCURRENCY=2)
     stopped.identity()
-    jids = [limited_jobs.erp_sync.delay(6, f"stopped{i}") for i in range(2)]
+    # The other process's runs of these must outlast the test's steps from
+    # their start to the check below (a continued process's sleep is over:
+    # it ends at once); 6 s left a loaded machine little room.
+    jids = [limited_jobs.erp_sync.delay(10, f"stopped{i}") for i in range(2)]
     wait_for(
         lambda: all(started_by(cog, f"stopped{i}", stopped.pid) for i in range(2)),
         15,
@@ -171,8 +176,10 @@ def test_g23_g18_sigstop_the_holder_past_the_threshold_its_late_release_frees_no
 def test_g23_g8_sigterm_of_a_holder_frees_its_slots_and_requeues_its_jobs(cog: CogEnv) -> None:
     worker = cog.start_worker(CONCURRENCY=4, SHUTDOWN_TIMEOUT=1)
     identity = worker.identity()
+    # Still running when the shutdown timeout (1 s) after the signal runs
+    # out, on a loaded machine too (4 s left about two seconds for the wait).
     for i in range(2):
-        limited_jobs.erp_sync.delay(4, f"long{i}")
+        limited_jobs.erp_sync.delay(8, f"long{i}")
     shorts = {f"short{i}" for i in range(4)}
     for tag in sorted(shorts):
         limited_jobs.erp_sync.delay(0.1, tag)

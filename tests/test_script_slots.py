@@ -163,6 +163,10 @@ def test_g16_every_script_call_keeps_its_keys_in_one_slot(
     deadline = latest_deadline(cog)
     wait_for(lambda: redis_now(cog.redis) > deadline + 0.05, 10, "Redis's clock past the deadlines")
     held = [jobs.wait_for_go.set(queue="victim").delay(f"held-{i}") for i in (1, 2, 3)]
+    # Before any worker starts: else one could run the first and free its
+    # lock (until success) before the second is enqueued.
+    assert jobs.record.set(unique_for=60).delay("unique") is not None
+    assert jobs.record.set(unique_for=60).delay("unique") is None, "the first one holds the lock"
 
     main = cog.start_worker(env=env, PERIODIC=[TICK])
     victim = cog.start_worker(env=env, QUEUES=["victim"])
@@ -171,8 +175,6 @@ def test_g16_every_script_call_keeps_its_keys_in_one_slot(
         jobs.record.delay(f"plain-{i}")
     failing = jobs.fail.delay("fails")
     jobs.record.delay_in(0.3, "scheduled")
-    assert jobs.record.set(unique_for=60).delay("unique") is not None
-    assert jobs.record.set(unique_for=60).delay("unique") is None, "the first one holds the lock"
     for i in range(4):
         limited_jobs.erp_sync.delay(0.1, f"erp-{i}")
     for i in range(2):
