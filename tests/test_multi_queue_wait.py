@@ -51,6 +51,13 @@ def idle_worker(cog: CogEnv, queues: list[str], concurrency: int) -> None:
     wait_for(
         lambda: cog.redis.info("clients")["blocked_clients"] >= concurrency, 20, "the idle threads to block"
     )
+    # On a server shared with other tests, their workers' waits count in
+    # blocked_clients too: idle is also a moment with no look of this worker's.
+    wait_for(
+        lambda: not any(kind == "fetch script" for _, kind, _ in watch(cog, 0.4)),
+        20,
+        "the worker's first looks to end",
+    )
 
 
 def test_g9_several_queues_each_has_a_thread_waiting_and_nothing_polls(cog: CogEnv) -> None:
