@@ -12,7 +12,7 @@ of slots (no command sent).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from redis.crc import key_slot
@@ -41,11 +41,11 @@ class Spread:
     #: Every master of the cluster; the one server otherwise.
     masters: list[str]
     cluster: bool
-    idle_masters: list[str] = field(init=False)
 
-    def __post_init__(self) -> None:
+    @property
+    def idle_masters(self) -> list[str]:
         held = {s.server for s in self.shards}
-        object.__setattr__(self, "idle_masters", [m for m in self.masters if m not in held])
+        return [m for m in self.masters if m not in held]
 
     def as_dict(self) -> dict[str, Any]:
         return {
