@@ -32,6 +32,12 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_OPTIONS": {},
     "NAMESPACE": None,  # None: DEFAULT_NAMESPACE, or CLUSTER_NAMESPACE for a redis+cluster:// URL
     "QUEUES": [DEFAULT_QUEUE],
+    # "queues": a hash tag per queue group on a Redis Cluster, so that the
+    # queues spread over its masters (SPEC section 16; keys.ShardedKeys).
+    "SHARDING": None,
+    # Group name -> its queues, kept under one tag (one slot); a queue no
+    # group lists is a group of its own.
+    "QUEUE_GROUPS": {},
     # Queue name -> at most that many of its jobs at once, across every
     # process (SPEC section 14; limits.for_queue).
     "QUEUE_LIMITS": {},
@@ -99,6 +105,10 @@ class Config:
     sentinel_options: dict[str, Any]
     namespace: str
     queues: tuple[QueueSpec, ...]
+    #: None, or "queues" (``SHARDING``).
+    sharding: str | None
+    #: Queue -> group pairs from ``QUEUE_GROUPS`` (hashable: ``keys.keys`` caches on it).
+    queue_groups: tuple[tuple[str, str], ...]
     #: Queue name -> its concurrency limit (``QUEUE_LIMITS``); empty: none.
     queue_limits: dict[str, int]
     concurrency: int
@@ -203,7 +213,9 @@ def merged() -> dict[str, Any]:
     values = {**DEFAULTS, **user_settings()}
     if not values["REDIS_URL"]:
         values["REDIS_URL"] = os.environ.get("COGWORKER_REDIS_URL") or DEFAULT_REDIS_URL
-    if values["NAMESPACE"] is None:
+    if values["NAMESPACE"] is None and values["SHARDING"]:
+        values["NAMESPACE"] = DEFAULT_NAMESPACE  # each group's tag and {N} are added to it
+    elif values["NAMESPACE"] is None:
         cluster = isinstance(values["REDIS_URL"], str) and values["REDIS_URL"].startswith(
             ("redis+cluster://", "rediss+cluster://")
         )
@@ -230,6 +242,8 @@ def get_config() -> Config:
         sentinel_options=redis_url.Options(values["SENTINEL_OPTIONS"]),
         namespace=str(values["NAMESPACE"]),
         queues=tuple(parse_queue(q) for q in values["QUEUES"]),
+        sharding=values["SHARDING"] if values["SHARDING"] is None else str(values["SHARDING"]),
+        queue_groups=_queue_groups(values["QUEUE_GROUPS"]),
         queue_limits=_queue_limits(values["QUEUE_LIMITS"]),
         concurrency=int(values["CONCURRENCY"]),
         async_concurrency=int(values["ASYNC_CONCURRENCY"]),
@@ -272,6 +286,29 @@ def _queue_limits(value: Any) -> dict[str, int]:
         for q, n in value.items()
         if isinstance(q, str) and q and isinstance(n, int) and not isinstance(n, bool) and n >= 1
     }
+
+
+def _queue_groups(value: Any) -> tuple[tuple[str, str], ...]:
+    """``QUEUE_GROUPS`` turned round: (queue, group) pairs, sorted. A queue
+    listed twice keeps its first group (E036 reports it)."""
+    if not isinstance(value, dict):
+        return ()
+    pairs: dict[str, str] = {}
+    for group, queues in value.items():
+        if isinstance(group, str) and isinstance(queues, list | tuple):
+            for queue in queues:
+                if isinstance(queue, str):
+                    pairs.setdefault(queue, group)
+    return tuple(sorted(pairs.items()))
+
+
+def group_of(queue: str, config: Config) -> str:
+    """The group of ``queue``: the ``QUEUE_GROUPS`` entry listing it, else
+    itself (a pure function of settings: every process computes it alone)."""
+    for name, group in config.queue_groups:
+        if name == queue:
+            return group
+    return queue
 
 
 def _cpu_affinity(value: Any) -> str | tuple[int, ...] | None:

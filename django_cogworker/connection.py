@@ -57,7 +57,8 @@ def get_redis() -> Client:
 
 
 def get_keys() -> Keys:
-    return keys(get_config().namespace)
+    config = get_config()
+    return keys(config.namespace, config.queue_groups if config.sharding else None)
 
 
 def reset() -> None:

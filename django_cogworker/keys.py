@@ -18,39 +18,33 @@ BATCH_PARTS = ("", "members", "pending", "failed", "succeeded", "dead", "results
 
 
 class Keys:
+    """The key names of a namespace where every queue shares one layout:
+    ``SHARDING`` off, the default (SPEC section 4)."""
+
+    #: Whether each queue group has keys of its own (:class:`ShardedKeys`).
+    sharded = False
+
     def __init__(self, namespace: str) -> None:
-        n = namespace
-        self.namespace = n
+        self.namespace = namespace
+        self._shared(namespace)
+        self._per_group(namespace)
+
+    def _shared(self, n: str) -> None:
+        """The keys every queue shares: under ``SHARDING`` they stay in the
+        ``{N}`` slot, written once per beat or per rare event."""
         self.queues = f"{n}:queues"
-        self.queue_prefix = f"{n}:queue:"
         self.paused = f"{n}:paused"
-        self.schedule = f"{n}:schedule"
-        self.retry = f"{n}:retry"
-        self.dead = f"{n}:dead"
-        self.inprogress_prefix = f"{n}:inprogress:"
-        self.inprogress_identities = f"{n}:inprogress_identities"
-        self.process_prefix = f"{n}:process:"
         self.processes = f"{n}:processes"
-        self.last_beat = f"{n}:last_beat"
-        self.beats = f"{n}:beats"
         self.workers_prefix = f"{n}:workers:"
         self.signals_prefix = f"{n}:signals:"
-        self.orphanings_prefix = f"{n}:orphanings:"
-        self.repeat_orphans = f"{n}:repeat_orphans"
-        self.suspect_prefix = f"{n}:suspect:"
-        self.unsettled = f"{n}:unsettled"
         self.stat_processed = f"{n}:stat:processed"
         self.stat_failed = f"{n}:stat:failed"
         #: Expired jobs (``expires``): the total, and a hash of counts by job name.
         self.stat_expired = f"{n}:stat:expired"
         self.stat_expired_jobs = f"{n}:stat:expired:jobs"
         self.recovery_report = f"{n}:recovery"
-        self.unique_prefix = f"{n}:unique:"
-        self.periodic_running_prefix = f"{n}:periodic:running:"
-        self.periodic_slot_prefix = f"{n}:periodic:slot:"
         self.periodic_last = f"{n}:periodic:last"
         self.results_prefix = f"{n}:result:"
-        self.replicated = f"{n}:replicated"
         self.metrics_prefix = f"{n}:metrics:"
         self.metrics_totals = f"{n}:metrics:totals"
         self.deploy_marks = f"{n}:metrics:marks"
@@ -65,6 +59,47 @@ class Keys:
         #: Callbacks enqueued, by event: the metrics' counter.
         self.stat_batch_callbacks = f"{n}:stat:batch_callbacks"
         self.batch_prefix = f"{n}:batch:"
+        # A process's record and the beats: under SHARDING the shared ones
+        # are for display and cleanup, and each group keeps its own, which
+        # its master judges a death by (G2 per shard).
+        self.process_prefix = f"{n}:process:"
+        self.last_beat = f"{n}:last_beat"
+        self.beats = f"{n}:beats"
+        self.inprogress_identities = f"{n}:inprogress_identities"
+
+    def _per_group(self, g: str) -> None:
+        """The keys of one queue group (``g`` is its tag under ``SHARDING``)."""
+        self.queue_prefix = f"{g}:queue:"
+        self.schedule = f"{g}:schedule"
+        self.retry = f"{g}:retry"
+        self.dead = f"{g}:dead"
+        self.inprogress_prefix = f"{g}:inprogress:"
+        self.orphanings_prefix = f"{g}:orphanings:"
+        self.repeat_orphans = f"{g}:repeat_orphans"
+        self.suspect_prefix = f"{g}:suspect:"
+        self.unsettled = f"{g}:unsettled"
+        self.unique_prefix = f"{g}:unique:"
+        self.periodic_running_prefix = f"{g}:periodic:running:"
+        self.periodic_slot_prefix = f"{g}:periodic:slot:"
+        self.replicated = f"{g}:replicated"
+        self.clearing_prefix = f"{g}:clearing:"
+        self.limit_waiting_prefix = f"{g}:limit:"
+        self.process_prefix = f"{g}:process:"
+        self.last_beat = f"{g}:last_beat"
+        self.beats = f"{g}:beats"
+        self.inprogress_identities = f"{g}:inprogress_identities"
+
+    def group(self, name: str) -> Keys:
+        """The keys of queue group ``name``: these same keys when unsharded."""
+        return self
+
+    def for_queue(self, queue: str) -> Keys:
+        """The keys of the group ``queue`` belongs to."""
+        return self
+
+    def queue_of(self, key: str) -> str:
+        """The queue a queue key names (a blocking pop's reply names its key)."""
+        return key.removeprefix(self.queue_prefix)
 
     def metrics_minute(self, minute: str) -> str:
         """The per-job metrics of ``minute`` (``MINUTE_FORMAT``, UTC)."""
@@ -77,7 +112,7 @@ class Keys:
 
     def limit_waiting(self, name: str, queue: str) -> str:
         """The jobs of ``queue`` waiting for a slot of limiter ``name``."""
-        return f"{self.limit_prefix}{name}:waiting:{queue}"
+        return f"{self.limit_waiting_prefix}{name}:waiting:{queue}"
 
     def limit_held(self, identity: str) -> str:
         """The slots a process holds: ``<limiter>\\0<jid>`` members (G23)."""
@@ -86,7 +121,7 @@ class Keys:
     def queue_clearing(self, name: str, token: str) -> str:
         """A queue set aside by ``Queue.clear()`` while its batch members
         are counted dead, then deleted."""
-        return f"{self.namespace}:clearing:{token}:{name}"
+        return f"{self.clearing_prefix}{token}:{name}"
 
     def batch(self, bid: str, part: str = "") -> str:
         """A batch's hash (``part`` empty), or one of its parts: the sets
@@ -148,6 +183,72 @@ class Keys:
         return self.results_prefix + jid
 
 
+class GroupKeys(Keys):
+    """The keys of one queue group under ``SHARDING = "queues"`` (SPEC
+    section 16): its own under the tag ``{N:<group>}``, so that they share a
+    slot, and the shared ones under ``{N}``. A queue named like its group is
+    ``{N:<q>}:queue``; another queue of the group ``{N:<group>}:queue:<q>``."""
+
+    sharded = True
+
+    def __init__(self, namespace: str, group: str) -> None:
+        self.namespace = namespace
+        self.group_name = group
+        self._shared("{" + namespace + "}")
+        self._per_group("{" + f"{namespace}:{group}" + "}")
+        self._own_queue = self.queue_prefix.removesuffix(":")
+
+    def queue(self, name: str) -> str:
+        return self._own_queue if name == self.group_name else self.queue_prefix + name
+
+    def queue_of(self, key: str) -> str:
+        return self.group_name if key == self._own_queue else key.removeprefix(self.queue_prefix)
+
+
+class ShardedKeys(Keys):
+    """The shared keys under ``SHARDING = "queues"``, and the way to each
+    group's (:meth:`group`, :meth:`for_queue`). A key that belongs to a
+    group is not here: asking for it is a mistake, and says so."""
+
+    sharded = True
+
+    def __init__(self, namespace: str, groups: dict[str, str]) -> None:
+        self.namespace = namespace
+        self._groups = groups
+        self._group_keys: dict[str, GroupKeys] = {}
+        self._shared("{" + namespace + "}")
+
+    def __getattr__(self, name: str) -> str:
+        # Only called for a name __init__ did not set: a group's key.
+        raise AttributeError(
+            f"{name} belongs to one queue group under SHARDING = 'queues': "
+            "take it from keys.group() or keys.for_queue()"
+        )
+
+    def group(self, name: str) -> Keys:
+        found = self._group_keys.get(name)
+        if found is None:
+            found = self._group_keys[name] = GroupKeys(self.namespace, name)
+        return found
+
+    def for_queue(self, queue: str) -> Keys:
+        return self.group(self._groups.get(queue, queue))
+
+    def queue(self, name: str) -> str:
+        return self.for_queue(name).queue(name)
+
+    def queue_of(self, key: str) -> str:
+        raise AttributeError("a queue key belongs to one group: ask keys.group() which queue it names")
+
+    def limit_waiting(self, name: str, queue: str) -> str:
+        return self.for_queue(queue).limit_waiting(name, queue)
+
+    def queue_clearing(self, name: str, token: str) -> str:
+        return self.for_queue(name).queue_clearing(name, token)
+
+
 @functools.lru_cache(maxsize=64)
-def keys(namespace: str) -> Keys:
-    return Keys(namespace)
+def keys(namespace: str, groups: tuple[tuple[str, str], ...] | None = None) -> Keys:
+    """The keys of ``namespace``; with ``groups`` (queue -> group pairs,
+    from ``QUEUE_GROUPS``, empty when none), the sharded layout."""
+    return Keys(namespace) if groups is None else ShardedKeys(namespace, dict(groups))

@@ -10,7 +10,8 @@ imports this package); by topic, each a function of the merged values:
 - :mod:`.queues`: ``QUEUES``, ``FETCH``, ``ENQUEUE_ON_COMMIT``, ``FAST_PATH``, ``CPU_AFFINITY`` (E013-E016,
   E028);
 - :mod:`.paths`: ``MIDDLEWARE`` and ``ERROR_HANDLERS`` (E017-E019);
-- :mod:`.periodic`: ``PERIODIC`` (E020, E022, E023).
+- :mod:`.periodic`: ``PERIODIC`` (E020, E022, E023);
+- :mod:`.sharding`: ``SHARDING`` and ``QUEUE_GROUPS`` (E035, E036).
 
 Apart, since it reads the registered jobs too: W001, a queue that jobs or
 periodic entries push to but ``QUEUES`` does not list (:mod:`.queues`).
@@ -33,6 +34,7 @@ from django_cogworker.checks.numbers import check_intervals, check_numbers
 from django_cogworker.checks.paths import check_dotted_paths
 from django_cogworker.checks.periodic import check_periodic
 from django_cogworker.checks.queues import check_queues_and_modes, check_served_queues
+from django_cogworker.checks.sharding import check_sharding
 from django_cogworker.conf import DEFAULTS, merged
 
 #: The checks of the merged values, in the order their errors are listed.
@@ -43,6 +45,7 @@ CHECKS: list[Callable[[dict[str, Any]], list[CheckMessage]]] = [
     check_queues_and_modes,
     check_dotted_paths,
     check_periodic,
+    check_sharding,
 ]
 
 register(check_served_queues, "cogworker")

@@ -69,7 +69,7 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E021",
             )
         )
-    ns = values["NAMESPACE"]
+    ns, sharded = values["NAMESPACE"], values["SHARDING"]
     if not isinstance(ns, str) or not ns or any(c.isspace() for c in ns):
         errors.append(
             error(
@@ -78,7 +78,7 @@ def check_connection(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E012",
             )
         )
-    elif target is not None and target.kind == redis_url.CLUSTER and not has_hash_tag(ns):
+    elif target is not None and target.kind == redis_url.CLUSTER and not has_hash_tag(ns) and not sharded:
         errors.append(
             error(
                 f"COGWORKER['NAMESPACE'] = {ns!r} has no hash tag, so on a Redis Cluster the keys of "
