@@ -294,7 +294,11 @@ def _queue_writes(pipe: Any, k: Keys, payloads: list[Payload], at: float | None,
     if also is not None:
         also(pipe)
     if at is not None:
-        pipe.zadd(k.schedule, dict.fromkeys(encode_many(payloads), at))
+        by_set: dict[str, dict[bytes, float]] = {}
+        for p, raw in zip(payloads, encode_many(payloads), strict=True):
+            by_set.setdefault(k.for_payload(p).schedule, {})[raw] = at
+        for zset, entries in by_set.items():
+            pipe.zadd(zset, entries)
         return
     by_queue: dict[str, list[bytes]] = {}
     for p, raw in zip(payloads, encode_many(payloads), strict=True):

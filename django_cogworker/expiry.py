@@ -116,7 +116,7 @@ def drop(client: Any, keys: Keys, payloads: Iterable[Payload], where: str, *, un
             for p in payloads:
                 d, jid = p.get("unique_digest"), p.get("jid")
                 if isinstance(d, str) and d and isinstance(jid, str) and jid:
-                    locks.release_owned(client, keys.unique(d), jid)
+                    locks.release_owned(client, keys.for_payload(p).unique(d), jid)
         pipe = client.pipeline(transaction=False)
         pipe.incrby(keys.stat_expired, len(payloads))
         for name, n in Counter(str(p.get("job")) for p in payloads).items():

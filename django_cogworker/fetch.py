@@ -172,7 +172,7 @@ class BasicFetch(Fetcher):
         if got is None:
             return None
         key, raw = got
-        return UnitOfWork(key.decode().removeprefix(self.keys.queue_prefix), raw, sent)
+        return UnitOfWork(self.keys.queue_of(key.decode()), raw, sent)
 
     def ack(self, work: UnitOfWork, jid: str) -> None:
         pass

@@ -7,7 +7,10 @@ callers take one from :func:`keys` (cached per namespace).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from typing import Any
 
+from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.escaping import storable
 
 #: The minute in a per-minute counter's name (UTC): ``2026-03-14T09:05``.
@@ -93,8 +96,18 @@ class Keys:
         """The keys of queue group ``name``: these same keys when unsharded."""
         return self
 
+    def group_of(self, queue: str) -> str:
+        """The group of ``queue`` (its ``QUEUE_GROUPS`` entry, else itself):
+        a pure function of settings, that every process computes alone."""
+        return queue
+
     def for_queue(self, queue: str) -> Keys:
         """The keys of the group ``queue`` belongs to."""
+        return self
+
+    def for_payload(self, payload: Mapping[str, Any]) -> Keys:
+        """The keys of the group of a payload's queue (the default queue's
+        when it names none a worker could read, as the requeue does)."""
         return self
 
     def queue_of(self, key: str) -> str:
@@ -191,18 +204,45 @@ class GroupKeys(Keys):
 
     sharded = True
 
-    def __init__(self, namespace: str, group: str) -> None:
+    def __init__(self, namespace: str, group: str, root: ShardedKeys) -> None:
         self.namespace = namespace
         self.group_name = group
+        self._root = root
         self._shared("{" + namespace + "}")
         self._per_group("{" + f"{namespace}:{group}" + "}")
         self._own_queue = self.queue_prefix.removesuffix(":")
 
     def queue(self, name: str) -> str:
-        return self._own_queue if name == self.group_name else self.queue_prefix + name
+        if name == self.group_name:
+            return self._own_queue
+        if self._root.group_of(name) == self.group_name:
+            return self.queue_prefix + name
+        return self._root.queue(name)  # a queue of another group: under its tag
 
     def queue_of(self, key: str) -> str:
         return self.group_name if key == self._own_queue else key.removeprefix(self.queue_prefix)
+
+    def group(self, name: str) -> Keys:
+        return self._root.group(name)
+
+    def for_queue(self, queue: str) -> Keys:
+        return self._root.for_queue(queue)
+
+    def group_of(self, queue: str) -> str:
+        return self._root.group_of(queue)
+
+    def for_payload(self, payload: Mapping[str, Any]) -> Keys:
+        return self._root.for_payload(payload)
+
+    def limit_waiting(self, name: str, queue: str) -> str:
+        if self._root.group_of(queue) == self.group_name:
+            return super().limit_waiting(name, queue)
+        return self._root.limit_waiting(name, queue)
+
+    def queue_clearing(self, name: str, token: str) -> str:
+        if self._root.group_of(name) == self.group_name:
+            return super().queue_clearing(name, token)
+        return self._root.queue_clearing(name, token)
 
 
 class ShardedKeys(Keys):
@@ -228,11 +268,18 @@ class ShardedKeys(Keys):
     def group(self, name: str) -> Keys:
         found = self._group_keys.get(name)
         if found is None:
-            found = self._group_keys[name] = GroupKeys(self.namespace, name)
+            found = self._group_keys[name] = GroupKeys(self.namespace, name, self)
         return found
 
     def for_queue(self, queue: str) -> Keys:
         return self.group(self._groups.get(queue, queue))
+
+    def for_payload(self, payload: Mapping[str, Any]) -> Keys:
+        queue = payload.get("queue")
+        return self.for_queue(queue if isinstance(queue, str) and queue else DEFAULT_QUEUE)
+
+    def group_of(self, queue: str) -> str:
+        return self._groups.get(queue, queue)
 
     def queue(self, name: str) -> str:
         return self.for_queue(name).queue(name)

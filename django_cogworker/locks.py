@@ -21,6 +21,7 @@ def release_owned(client: Client, key: str, jid: str) -> bool:
 
 def release_all(client: Client, keys: Keys, payload: Payload) -> None:
     jid = str(payload.get("jid", ""))
+    keys = keys.for_payload(payload)
     digest = payload.get("unique_digest")
     if isinstance(digest, str) and digest:
         release_owned(client, keys.unique(digest), jid)

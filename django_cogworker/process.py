@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from django_cogworker.conf import Config
 from django_cogworker.connection import Client, get_keys, get_redis, memory
+from django_cogworker.errors import ConfigurationError
 from django_cogworker.keys import Keys
 from django_cogworker.outage import Outage
 
@@ -83,12 +84,29 @@ class ProcessContext:
     registration: Registration = field(default_factory=Registration)
 
 
+def served_keys(config: Config) -> Keys:
+    """The keys a worker of ``config.queues`` works with: under ``SHARDING``,
+    those of the one queue group its queues are in (its in-progress list,
+    sets and beats live under that group's tag)."""
+    keys = get_keys()
+    if not keys.sharded:
+        return keys
+    groups = sorted({keys.group_of(q.name) for q in config.queues})
+    if len(groups) != 1:
+        raise ConfigurationError(
+            f"Under SHARDING a worker serves the queues of one group, and these are in {len(groups)}: "
+            f"{', '.join(map(repr, groups))}. Start a worker per group (-q), or list them in one "
+            "QUEUE_GROUPS entry."
+        )
+    return keys.group(groups[0])
+
+
 def open_process(config: Config, identity: str, tag: str = "") -> ProcessContext:
     """The context of a worker process on the current settings' Redis."""
     client = get_redis()
     return ProcessContext(
         client=client,
-        keys=get_keys(),
+        keys=served_keys(config),
         config=config,
         identity=identity,
         tag=tag,

@@ -63,7 +63,7 @@ def release(payload: Payload) -> bool:
     d, jid = payload.get("unique_digest"), payload.get("jid")
     if not (isinstance(d, str) and d and isinstance(jid, str) and jid):
         return False
-    return locks.release_owned(get_redis(), get_keys().unique(d), jid)
+    return locks.release_owned(get_redis(), get_keys().for_payload(payload).unique(d), jid)
 
 
 class UniqueClientMiddleware(ClientMiddleware):
@@ -74,7 +74,8 @@ class UniqueClientMiddleware(ClientMiddleware):
         d = digest(payload)
         ttl_ms = lock_ttl_ms(unique_for, at, time.time())
         with redis_boundary("enqueue", refused=EnqueueRefused):
-            taken = get_redis().set(get_keys().unique(d), str(payload["jid"]), nx=True, px=ttl_ms)
+            lock = get_keys().for_payload(payload).unique(d)
+            taken = get_redis().set(lock, str(payload["jid"]), nx=True, px=ttl_ms)
         if not taken:
             logger.info("%s not enqueued: an identical unique job is queued or running", payload.get("job"))
             return None

@@ -55,13 +55,14 @@ def encoded(key: Any) -> bytes:
 class Recorder:
     def __init__(self, path: str, namespace: str) -> None:
         self.path = path
-        self.slot = key_slot(namespace.encode())
+        # No namespace: the sharded layout, whose calls may use any one slot.
+        self.slot = key_slot(namespace.encode()) if namespace else None
 
     def __call__(self, script: str, keys: Sequence[Any]) -> None:
         names = [encoded(k) for k in keys]
         slots = {key_slot(k) for k in names}
         line: dict[str, Any] = {"script": script, "slots": len(slots), "pid": os.getpid()}
-        if slots != {self.slot}:
+        if len(slots) > 1 or (self.slot is not None and slots != {self.slot}):
             line["keys"] = [k.decode("utf-8", "backslashreplace") for k in names]
         # One write(2) of an O_APPEND file per call: lines from the threads
         # and processes of a run never interleave.

@@ -56,7 +56,7 @@ UNSHARDED_CALLS = [
 
 #: A group's own keys, each read from the group's ``Keys``.
 GROUP_CALLS = [
-    lambda k: k.queue("mail"),
+    lambda k: k.queue(k.group_name),
     lambda k: k.queue("mail_bulk"),
     lambda k: k.schedule,
     lambda k: k.retry,
@@ -102,6 +102,9 @@ def test_sharded_a_queue_gets_a_tag_of_its_own_and_a_group_one_tag_for_its_queue
     assert k.queue("mail_bulk") == "{cogworker:mail}:queue:mail_bulk"
     assert k.queue("reports") == "{cogworker:reports}:queue"
     assert k.for_queue("mail_bulk") is k.group("mail")
+    # Asked of a group, a queue of another group keeps its own tag.
+    assert k.group("mail").queue("reports") == "{cogworker:reports}:queue"
+    assert k.group("mail").limit_waiting("api", "reports") == "{cogworker:reports}:limit:api:waiting:reports"
     assert k.group("mail").schedule == "{cogworker:mail}:schedule"
     assert k.for_queue("reports").inprogress("h:1:a") == "{cogworker:reports}:inprogress:h:1:a"
     # A blocking pop's reply names the key: back to the queue.
@@ -161,7 +164,8 @@ def test_e035_sharding_needs_a_cluster_and_a_namespace_without_braces():
     assert any("REDIS_URL names no cluster" in m for m in messages)
     assert any("'{app}' has braces" in m for m in messages)
     # A braced namespace is what a cluster needs without SHARDING (E024), not with it.
-    assert errors_of({"REDIS_URL": CLUSTER_URL, "SHARDING": "queues", "NAMESPACE": "app"}, "cogworker.E024") == []
+    unbraced = {"REDIS_URL": CLUSTER_URL, "SHARDING": "queues", "NAMESPACE": "app"}
+    assert errors_of(unbraced, "cogworker.E024") == []
 
 
 def test_e035_this_release_refuses_to_run_sharded_and_says_why():

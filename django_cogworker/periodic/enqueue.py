@@ -27,7 +27,7 @@ from django_cogworker.conf import get_config
 from django_cogworker.errors import JobNotRegistered
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode
-from django_cogworker.periodic.entry import Entry
+from django_cogworker.periodic.entry import Entry, entry_queue
 from django_cogworker.periodic.lock import PERIODIC_QUEUED_TTL_S
 from django_cogworker.scripts import script
 
@@ -65,6 +65,7 @@ def slot_payload(entry: Entry, slot: float, now: float) -> Payload:
 def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now: float) -> str:
     """Enqueues one slot unless any process did it first. Returns PUSHED,
     ALREADY, SKIPPED or REFUSED."""
+    keys = keys.for_queue(entry_queue(entry))  # the marker and the lock beside the queue
     marker = keys.periodic_slot(entry.pjid, int(slot))
     # Cheap first look, so that the client chain (a unique lock, a user's
     # middleware) runs about once per slot, not once per process.

@@ -128,7 +128,7 @@ class PeriodicLockMiddleware(ServerMiddleware):
         pjid, jid = owner
         HELD.add(jid, pjid)
         try:
-            hold(get_redis(), get_keys(), pjid, jid, active_ttl_s(get_config()))
+            hold(get_redis(), get_keys().for_payload(payload), pjid, jid, active_ttl_s(get_config()))
         except Exception as exc:
             # The lock still has its queued TTL; the ticker tries again.
             logger.error("could not extend the running lock of jid=%s: %s", jid, exc)
@@ -140,9 +140,9 @@ class PeriodicLockMiddleware(ServerMiddleware):
         pjid, jid = owner
         HELD.remove(jid)
         if result.final:
-            locks.release_owned(get_redis(), get_keys().periodic_running(pjid), jid)
+            locks.release_owned(get_redis(), get_keys().for_payload(payload).periodic_running(pjid), jid)
             return
         # A retry is the same run, waiting: keep the next slot off until the
         # retry is due and has had the queued TTL to start.
         wait_s = max(0.0, (result.retry_at or time.time()) - time.time())
-        hold(get_redis(), get_keys(), pjid, jid, PERIODIC_QUEUED_TTL_S + wait_s)
+        hold(get_redis(), get_keys().for_payload(payload), pjid, jid, PERIODIC_QUEUED_TTL_S + wait_s)
