@@ -122,28 +122,38 @@ class Heartbeat:
         args += increments
         args += jobs
         sent_at, sent_mono = time.time(), time.monotonic()
+        if k.sharded:
+            # The group's liveness first, on its own master; the shared
+            # records (the admin's, never a death decision) then.
+            registered, redis_now = self.group_beat(status.reliable)
+            expiry.clock.observe(float(redis_now), sent_at, time.time())
+            p.registration.renewed(sent_mono)
+            args[4] = "0"
+        s = k.shared
         try:
-            registered, signals, full, redis_now = script("heartbeat")(
+            shared_registered, signals, full, redis_now = script("heartbeat")(
                 p.client,
                 [
-                    k.process(p.identity),
-                    k.processes,
-                    k.last_beat,
-                    k.inprogress_identities,
-                    k.workers(p.identity),
-                    k.signals(p.identity),
-                    *stat_keys(k, now),
-                    k.beats,
-                    k.metrics_minute(minute(now)),
-                    k.metrics_totals,
+                    s.process(p.identity),
+                    s.processes,
+                    s.last_beat,
+                    s.inprogress_identities,
+                    s.workers(p.identity),
+                    s.signals(p.identity),
+                    *stat_keys(s, now),
+                    s.beats,
+                    s.metrics_minute(minute(now)),
+                    s.metrics_totals,
                 ],
                 args,
             )
         except Exception:
             self.ledger.give_counts_back(processed, failed, tally)
             raise
-        expiry.clock.observe(float(redis_now), sent_at, time.time())
-        p.registration.renewed(sent_mono)
+        if not k.sharded:
+            registered = shared_registered
+            expiry.clock.observe(float(redis_now), sent_at, time.time())
+            p.registration.renewed(sent_mono)
         if full:
             # The minimal beat wrote no counters: they wait for one that can.
             self.ledger.give_counts_back(processed, failed, tally)
@@ -158,6 +168,19 @@ class Heartbeat:
             )
         self.unregistered = not registered
         return [s.decode() for s in signals]
+
+    def group_beat(self, reliable: bool) -> tuple[int, bytes]:
+        """Under SHARDING: the beat to the process's queue group, whose
+        master decides alone whether the process died (``group_beat.lua``)."""
+        p = self.process
+        k = p.keys
+        ttl = max(1, round(p.config.heartbeat_ttl_s))
+        registered, now = script("group_beat")(
+            p.client,
+            [k.process(p.identity), k.last_beat, k.beats, k.inprogress_identities, k.inprogress(p.identity)],
+            [p.identity, ttl, "1" if reliable else "0"],
+        )
+        return int(registered), now
 
     def running_records(self) -> list[str | bytes]:
         """jid, record pairs of the jobs running now for ``N:workers``: a
@@ -207,6 +230,7 @@ class Heartbeat:
             metrics.write(pipe, k, tally)  # what ran since the last beat
             for key in (
                 k.process(p.identity),
+                *([k.shared.process(p.identity)] if k.sharded else []),
                 k.workers(p.identity),
                 k.signals(p.identity),
                 k.suspect(p.identity),
@@ -218,8 +242,9 @@ class Heartbeat:
             # job that could not even be handed over): recovery finds it.
             if p.client.llen(k.inprogress(p.identity)) == 0:
                 pipe = p.client.pipeline(transaction=False)
-                pipe.srem(k.inprogress_identities, p.identity)
-                pipe.hdel(k.last_beat, p.identity)
+                for each in {k, k.shared}:
+                    pipe.srem(each.inprogress_identities, p.identity)
+                    pipe.hdel(each.last_beat, p.identity)
                 pipe.execute()
         except Exception as exc:
             logger.error("could not deregister %s: %s", p.identity, exc)

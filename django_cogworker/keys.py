@@ -91,6 +91,15 @@ class Keys:
         self.last_beat = f"{g}:last_beat"
         self.beats = f"{g}:beats"
         self.inprogress_identities = f"{g}:inprogress_identities"
+        #: The group's queues that jobs were moved to (``move_due.lua``):
+        #: the shared registry without SHARDING, the group's own with it.
+        self.moved_to = f"{g}:queues"
+
+    @property
+    def shared(self) -> Keys:
+        """The keys every group shares (the process records, the beats
+        shown in the admin): these same keys when unsharded."""
+        return self
 
     def group(self, name: str) -> Keys:
         """The keys of queue group ``name``: these same keys when unsharded."""
@@ -221,6 +230,10 @@ class GroupKeys(Keys):
 
     def queue_of(self, key: str) -> str:
         return self.group_name if key == self._own_queue else key.removeprefix(self.queue_prefix)
+
+    @property
+    def shared(self) -> Keys:
+        return self._root
 
     def group(self, name: str) -> Keys:
         return self._root.group(name)

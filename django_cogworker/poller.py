@@ -119,7 +119,7 @@ def move_due(client: Any, keys: Keys, zset: str, stop: threading.Event | None = 
         entries = client.zrangebyscore(zset, "-inf", repr(now), start=0, num=BATCH_SIZE)
         if not entries:
             break
-        script_keys = [zset, keys.queues]
+        script_keys = [zset, keys.moved_to]
         args: list[bytes | str] = []
         expiring: dict[int, Payload] = {}
         redis_now: float | None = None
@@ -133,6 +133,9 @@ def move_due(client: Any, keys: Keys, zset: str, stop: threading.Event | None = 
                 queue = ""  # move_due.lua: removed, not pushed
             args += [entry, payload, queue]
         count, dropped = script("move_due")(client, script_keys, args)
+        if keys.sharded and int(count):
+            # The shared registry of queues (the admin's list), in the {N} slot.
+            client.sadd(keys.queues, *{a for a in args[2::3] if a})
         count = int(count) + len(dropped)
         gone = [expiring[int(i)] for i in dropped]
         expiry.drop(client, keys, gone, f"not moved from {zset}")

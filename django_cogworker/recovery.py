@@ -141,18 +141,20 @@ class Recovery:
         atomically with a beat that may have come meanwhile."""
         k = self.keys
         span_s = self.config.heartbeat_ttl_s + BLOCKING_TIMEOUT_S + FORGET_MARGIN_S
-        script("forget")(
-            self.client,
-            [
-                k.inprogress(identity),
-                k.process(identity),
-                k.last_beat,
-                k.inprogress_identities,
-                k.processes,
-                k.workers(identity),
-            ],
-            [identity, span_s],
-        )
+        keys = [k.inprogress(identity), k.process(identity), k.last_beat, k.inprogress_identities]
+        if not k.sharded:
+            keys += [k.processes, k.workers(identity)]
+        forgotten = script("forget")(self.client, keys, [identity, span_s])
+        if forgotten and k.sharded:
+            # The shared records, in the {N} slot: one key per command.
+            s = k.shared
+            pipe = self.client.pipeline(transaction=False)
+            pipe.srem(s.processes, identity)
+            for key in (s.workers(identity), s.process(identity)):
+                pipe.delete(key)
+            pipe.srem(s.inprogress_identities, identity)
+            pipe.hdel(s.last_beat, identity)
+            pipe.execute()
 
     def candidate_identities(self, *, scan: bool, report: dict[str, Any]) -> list[str]:
         # Each source on its own: an unreadable registry must not also lose

@@ -137,8 +137,13 @@ def requeue_list(
     list_key = keys.inprogress(identity)
     pipe = client.pipeline(transaction=False)
     pipe.lrange(list_key, 0, -1)
-    pipe.smembers(keys.limit_held(identity))
-    listed, holds = pipe.execute()
+    # Under SHARDING the holds (G23) are in the {N} slot, not the group's:
+    # not freed here yet, and KEYS[7] is only a place holder (no slot named).
+    holds_key = list_key if keys.sharded else keys.limit_held(identity)
+    if not keys.sharded:
+        pipe.smembers(holds_key)
+    listed, *held = pipe.execute()
+    holds = held[0] if held else set()
     finished, keep = set(finished), set(keep)
     script_keys = [
         list_key,
@@ -147,7 +152,7 @@ def requeue_list(
         keys.repeat_orphans,
         keys.dead,
         keys.beats,
-        keys.limit_held(identity),
+        holds_key,
     ]
     args: list[Arg] = [
         identity,

@@ -8,8 +8,8 @@ also lets the URL name no cluster), so that a key built outside the seam
 fails: the shared keys refuse to name a group's key. A worker serves the
 queues of one group. Each test checks that jobs run exactly as without
 sharding, that every key lands under ``{N}`` or its group's ``{N:<g>}``,
-and which script calls still mix slots: the scripts the later stages of
-section 16 split.
+and that no script call mixes slots (the beat, the recovery and the due
+jobs' move each keep a group's keys and the shared ones in separate calls).
 """
 
 from __future__ import annotations
@@ -31,16 +31,6 @@ from tests.conftest import ROOT, CogEnv, cpu_seconds, kill, wait_for
 
 GROUPS = {"mail": ["mail", "mail_bulk"]}
 
-#: The scripts whose calls, in this workload, take keys of a group and
-#: shared ones (``{N}``): on a cluster each would be refused (CROSSSLOT).
-#: Each is split or reduced by a later stage of section 16; the list may
-#: only shrink.
-MIXED = {
-    "heartbeat": "the beat writes the shared process records and the group's liveness in one call",
-    "move_due": "a due job's move registers its queue in the shared {N}:queues",
-    "requeue": "a dead process's recovery: the group's lists, and the shared limiter holds (G23)",
-    "forget": "forgetting a dead process: the group's records and the shared {N}:processes",
-}
 
 STALL_S = 30
 
@@ -86,7 +76,8 @@ def mixed_calls(path: Path, *workers: Any) -> dict[str, list[str]]:
     call's keys; after checking that the workers' calls were recorded."""
     seen = calls(path)
     for worker in workers:
-        assert {"fetch", "heartbeat"} <= {c["script"] for c in seen if c["pid"] == worker.pid}, "not recorded"
+        sent = {c["script"] for c in seen if c["pid"] == worker.pid}
+        assert {"fetch", "heartbeat", "group_beat"} <= sent, f"not recorded: {sent}"
     found: dict[str, list[str]] = {}
     for call in seen:
         if "keys" in call:
@@ -152,8 +143,7 @@ def test_g16_sharded_layout_jobs_of_two_groups_run_once_each_under_their_own_tag
         f"{{{cog.namespace}:mail}}:queue:mail_bulk"
     )
     assert layout_problems(cog) == []
-    mixed = mixed_calls(sharded, default, mail)
-    assert set(mixed) <= set(MIXED), mixed
+    assert mixed_calls(sharded, default, mail) == {}
 
 
 def test_g1_sharded_layout_a_sigkilled_workers_jobs_are_recovered_in_its_group(
@@ -181,8 +171,7 @@ def test_g1_sharded_layout_a_sigkilled_workers_jobs_are_recovered_in_its_group(
     )
     assert runs(cog) == Counter({f"held-{i}": 1 for i in range(3)})
     assert layout_problems(cog) == []
-    mixed = mixed_calls(sharded, rescuer)
-    assert set(mixed) <= set(MIXED), mixed
+    assert mixed_calls(sharded, rescuer) == {}
 
 
 def test_sharded_layout_a_worker_serving_two_groups_is_refused_with_the_way_out(

@@ -9,7 +9,9 @@
 --
 -- KEYS[1] = the in-progress list, KEYS[2] = its owner's presence key,
 -- KEYS[3] = last_beat hash, KEYS[4] = inprogress_identities set,
--- KEYS[5] = processes set, KEYS[6] = the owner's running-jobs hash.
+-- KEYS[5] = processes set, KEYS[6] = the owner's running-jobs hash; under
+-- SHARDING only the first four (the group's), and the caller removes the
+-- shared records once this returns 1.
 -- ARGV[1] = the owner's identity, ARGV[2] = the span (s).
 -- Returns 1 when forgotten, 0 when kept.
 if redis.call("EXISTS", KEYS[2]) == 1 or redis.call("LLEN", KEYS[1]) > 0 then
@@ -26,6 +28,8 @@ if last then
 end
 redis.call("SREM", KEYS[4], ARGV[1])
 redis.call("HDEL", KEYS[3], ARGV[1])
-redis.call("SREM", KEYS[5], ARGV[1])
-redis.call("DEL", KEYS[6])
+if #KEYS > 4 then
+  redis.call("SREM", KEYS[5], ARGV[1])
+  redis.call("DEL", KEYS[6])
+end
 return 1
