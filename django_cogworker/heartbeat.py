@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from django_cogworker import expiry, metrics, stats
@@ -96,7 +96,9 @@ class Heartbeat:
             **status.fields,
         }
 
-    def beat(self) -> list[str]:
+    def beat(self, *, group: bool = True) -> list[str]:
+        """One beat; under SHARDING the group's too unless ``group=False``
+        (the group beat's own thread sends it: :meth:`run_group`)."""
         p = self.process
         k = p.keys
         processed, failed, tally = self.ledger.take_counts()
@@ -121,17 +123,16 @@ class Heartbeat:
             args += [name, value]
         args += increments
         args += jobs
-        sent_at, sent_mono = time.time(), time.monotonic()
         if k.sharded:
             # The group's liveness first, on its own master; the shared
             # records (the admin's, never a death decision) then.
-            registered, redis_now = self.group_beat(status.reliable)
-            expiry.clock.observe(float(redis_now), sent_at, time.time())
-            p.registration.renewed(sent_mono)
+            if group:
+                self.beat_group(status.reliable)
             args[4] = "0"
+        sent_at, sent_mono = time.time(), time.monotonic()
         s = k.shared
         try:
-            shared_registered, signals, full, redis_now = script("heartbeat")(
+            registered, signals, full, redis_now = script("heartbeat")(
                 p.client,
                 [
                     s.process(p.identity),
@@ -151,36 +152,43 @@ class Heartbeat:
             self.ledger.give_counts_back(processed, failed, tally)
             raise
         if not k.sharded:
-            registered = shared_registered
             expiry.clock.observe(float(redis_now), sent_at, time.time())
             p.registration.renewed(sent_mono)
+            self.check_registered(registered)
         if full:
             # The minimal beat wrote no counters: they wait for one that can.
             self.ledger.give_counts_back(processed, failed, tally)
             p.outage.filled()
         else:
             p.outage.has_room()
+        return [s.decode() for s in signals]
+
+    def check_registered(self, registered: int) -> None:
         if not registered and not self.unregistered:
             logger.error(
                 "could not register in %s (a key of the wrong type?): if this process dies, only a "
                 "process starting up (its key scan) will find the jobs it held",
-                k.inprogress_identities,
+                self.process.keys.inprogress_identities,
             )
         self.unregistered = not registered
-        return [s.decode() for s in signals]
 
-    def group_beat(self, reliable: bool) -> tuple[int, bytes]:
+    def beat_group(self, reliable: bool) -> None:
         """Under SHARDING: the beat to the process's queue group, whose
-        master decides alone whether the process died (``group_beat.lua``)."""
+        master decides alone whether the process died (``group_beat.lua``);
+        it renews the registration the fetch waits for (G18) and reads that
+        master's clock (``expiry.clock``)."""
         p = self.process
         k = p.keys
         ttl = max(1, round(p.config.heartbeat_ttl_s))
+        sent_at, sent_mono = time.time(), time.monotonic()
         registered, now = script("group_beat")(
             p.client,
             [k.process(p.identity), k.last_beat, k.beats, k.inprogress_identities, k.inprogress(p.identity)],
             [p.identity, ttl, "1" if reliable else "0"],
         )
-        return int(registered), now
+        expiry.clock.observe(float(now), sent_at, time.time())
+        p.registration.renewed(sent_mono)
+        self.check_registered(int(registered))
 
     def running_records(self) -> list[str | bytes]:
         """jid, record pairs of the jobs running now for ``N:workers``: a
@@ -199,23 +207,38 @@ class Heartbeat:
         return jobs
 
     def run(self) -> None:
+        # Under SHARDING the group's beats have a thread of their own
+        # (run_group): a stall of the shared slot's master must not hold up
+        # the liveness of the group, nor the fetch that waits for it.
+        sharded = self.process.keys.sharded
+        for signals in self._every_beat("heartbeat", lambda: self.beat(group=not sharded)):
+            for signal in signals:
+                self.on_signal(signal)
+
+    def run_group(self) -> None:
+        """Under SHARDING, the beats to the process's group."""
+        for _ in self._every_beat("group beat", lambda: self.beat_group(self.status().reliable)):
+            pass
+
+    def _every_beat(self, what: str, beat: Callable[[], Any]) -> Iterator[Any]:
+        """``beat()``'s results, one per HEARTBEAT_INTERVAL until the stop; a
+        failure logged once until one succeeds again."""
         p = self.process
         failing = False
         while not p.done.wait(p.config.heartbeat_interval_s):
             try:
                 follow_master(p.client)
-                signals = self.beat()
+                result = beat()
             except Exception as exc:
                 if not p.outage.failed(exc) and not failing:
-                    logger.error("heartbeat failed (%s: %s); retrying every beat", type(exc).__name__, exc)
+                    logger.error("%s failed (%s: %s); retrying every beat", what, type(exc).__name__, exc)
                     failing = True
                 continue
             p.outage.succeeded()
             if failing:
-                logger.warning("heartbeat restored")
+                logger.warning("%s restored", what)
                 failing = False
-            for signal in signals:
-                self.on_signal(signal)
+            yield result
 
     def deregister(self) -> None:
         """Undoes the beat on stop: the counters and metrics since the last

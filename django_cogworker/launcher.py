@@ -144,6 +144,10 @@ class Launcher:
             threads.start("cogworker-periodic", self.ticker.run, self.thread_crashed),
             threads.start("cogworker-housekeeper", self.housekeep, self.thread_crashed),
         ]
+        if self.process.keys.sharded:
+            self.background.append(
+                threads.start("cogworker-group-beat", self.heartbeat.run_group, self.thread_crashed)
+            )
         while True:
             try:
                 what = self.signals.get(timeout=1.0)

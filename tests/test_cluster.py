@@ -81,7 +81,7 @@ from tests.test_metrics_robustness import (  # the figures' script, and a beat, 
 )
 from tests.test_tasks import *  # noqa: F403  (the Tasks backend)
 from tests.test_worker_logs import status
-from tests.topology import ClusterGroup, redis_cluster  # noqa: F401
+from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
 # Not collected again here: tests that need a server of their own (to count
 # its commands, to stop it), that do not depend on where Redis is (logins,
@@ -101,18 +101,6 @@ for _name in (
     "test_a_dead_set_of_100k_pages_fast",
 ):
     del globals()[_name]
-
-
-@pytest.fixture(scope="module")
-def redis_url(redis_cluster: ClusterGroup) -> str:  # noqa: F811
-    return redis_cluster.url()
-
-
-@pytest.fixture(autouse=True)
-def healthy_cluster(redis_cluster: ClusterGroup) -> Any:  # noqa: F811
-    """Each test starts on a whole cluster (a test may kill a node)."""
-    redis_cluster.heal()
-    yield
 
 
 # -- what only a cluster has ---------------------------------------------------------------------

@@ -12,6 +12,8 @@ worker's jobs recovered by the decision of its group's master alone.
 from __future__ import annotations
 
 import signal
+import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -23,29 +25,34 @@ import redis
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, cpu_seconds, kill, wait_for
-from tests.topology import SLOT_RANGES, ClusterGroup, call, redis_cluster  # noqa: F401
+from tests.test_stall import SLOW_BEATS
+from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
 STALL_S = 30
+
+PAUSE_S = 6.0
 
 #: Commands that carry jobs or their records; not those of the test's own
 #: looks (INFO, SCAN, KEYS...) nor the cluster's (CLUSTER, PING...).
 DATA_COMMANDS = {"lpush", "rpush", "evalsha", "eval", "blmove", "brpoplpush", "lrem", "zadd", "sadd", "set"}
 
 
-@pytest.fixture(scope="module")
-def redis_url(redis_cluster: ClusterGroup) -> str:  # noqa: F811
-    return redis_cluster.url()
-
-
-@pytest.fixture(autouse=True)
-def healthy_cluster(redis_cluster: ClusterGroup) -> Any:  # noqa: F811
-    redis_cluster.heal()
-    yield
-
-
 def masters(cluster: ClusterGroup) -> list[int]:
     port = next(n.port for n in cluster.nodes if n.alive)
     return sorted({owner for _, _, owner in cluster._owners(port)})
+
+
+def record_each(queues: list[str], suffixes: Any) -> set[str]:
+    """Enqueues a ``record`` job tagged ``<queue>-<suffix>`` per queue and
+    suffix; returns the tags."""
+    tagged = {f"{q}-{x}": q for q in queues for x in suffixes}
+    for tag, q in tagged.items():
+        jobs.record.set(queue=q).delay(tag)
+    return set(tagged)
+
+
+def tags(cog: CogEnv, kind: str = "runs") -> set[str]:
+    return {str(note["tag"]) for note in cog.notes(kind)}
 
 
 def queues_per_master(cluster: ClusterGroup, namespace: str, each: int) -> dict[int, list[str]]:
@@ -157,3 +164,92 @@ def test_g1_sharded_a_sigkilled_workers_jobs_come_back_by_each_masters_own_decis
         assert note["pid"] == rescuers[note["queue"]].pid
     for q, rescuer in rescuers.items():
         assert "requeued 2 job(s) left in progress by dead process" in rescuer.log(), q
+
+
+def pause(port: int, seconds: float) -> threading.Thread:
+    """``CLIENT PAUSE`` of one master (answered at once, from a thread): it
+    answers no other client for ``seconds`` (its keys do not expire
+    meanwhile, as in a stall), while the cluster bus goes on, so that no
+    replica takes over."""
+
+    def paused() -> None:
+        with redis.Redis(port=port) as node:
+            node.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "ALL")
+
+    thread = threading.Thread(target=paused, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_g2_sharded_a_stalled_master_takes_no_live_process_for_dead_and_stops_only_its_queues(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    cog = sharded
+    placed = queues_per_master(redis_cluster, cog.namespace, 1)
+    # The stalled master holds one queue's group, and neither the shared
+    # slot nor the test's notes: what it stops is that group alone.
+    others = {redis_cluster.owner_of(key) for key in (f"{{{cog.namespace}}}", cog.key("test:runs"))}
+    stalled = next(port for port in placed if port not in others)
+    slow = placed[stalled][0]
+    fast = [names[0] for port, names in placed.items() if port != stalled]
+    cog.configure(CONCURRENCY=2, **SLOW_BEATS)
+    holder = cog.start_worker("--skip-checks", QUEUES=[slow])
+    for i in range(2):
+        jobs.sleep_then_record.set(queue=slow).delay(10.0, f"long-{i}")
+    wait_for(lambda: len(cog.notes("started")) == 2, STALL_S, "the holder to start both long jobs")
+    # A second worker of that group, whose recovery could take the holder for dead.
+    watcher = cog.start_worker("--skip-checks", QUEUES=[slow])
+    runners = [cog.start_worker("--skip-checks", QUEUES=[q]) for q in fast]
+    record_each(fast, ["before"])
+    wait_for(lambda: len(cog.notes()) == len(fast), STALL_S, "the other groups' workers to run a job")
+    stall = pause(stalled, PAUSE_S)
+    started_at = time.time()
+    during = record_each(fast, range(5))
+    wait_for(
+        lambda: during <= {str(n["tag"]) for n in cog.notes()},
+        PAUSE_S,
+        "the other groups' jobs, in the stall",
+    )
+    assert time.time() - started_at < PAUSE_S, "the other groups waited for the stalled master"
+    stall.join(PAUSE_S + 10)
+    wait_for(
+        lambda: {"long-0", "long-1"} <= {str(n["tag"]) for n in cog.notes()}, STALL_S, "the long jobs to end"
+    )
+    time.sleep(1.0)  # a second start, if any, would have been noted by now
+    assert Counter(str(n["tag"]) for n in cog.notes("started")) == Counter({"long-0": 1, "long-1": 1})
+    for worker in (holder, watcher, *runners):
+        assert "left in progress by dead process" not in worker.log(), worker.log()
+
+
+def test_g2_sharded_a_stall_of_the_shared_slots_master_stops_no_queue(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    """The shared records (the admin's, the counters) wait; each group's
+    beats go on from their own thread, so its workers keep fetching."""
+    cog = sharded
+    # A namespace whose shared slot is on one master and the test jobs'
+    # notes on another: the jobs write their notes during the stall.
+    while redis_cluster.owner_of(f"{{{cog.namespace}}}") == redis_cluster.owner_of(cog.key("test:runs")):
+        cog.namespace = f"s{uuid.uuid4().hex[:12]}"
+        cog.configure(NAMESPACE=cog.namespace)
+    shared = redis_cluster.owner_of(f"{{{cog.namespace}}}")
+    placed = queues_per_master(redis_cluster, cog.namespace, 1)
+    queues = [names[0] for port, names in placed.items() if port != shared]
+    # No socket timeout: a call to the stalled master waits as long as it stalls.
+    cog.configure(**{**SLOW_BEATS, "REDIS_OPTIONS": {}})
+    workers = [cog.start_worker("--skip-checks", QUEUES=[q]) for q in queues]
+    record_each(queues, ["before"])
+    wait_for(lambda: len(cog.notes()) == len(queues), STALL_S, "the workers to run a job each")
+    # Long enough for a registration renewed by a beat held up behind the
+    # stalled shared call to lapse: the fetch would then wait for it (G18).
+    stall, paused_at = pause(shared, PAUSE_S + 2), time.time()
+    time.sleep(SLOW_BEATS["HEARTBEAT_INTERVAL"] + SLOW_BEATS["HEARTBEAT_TTL"] + 0.5)
+    during = record_each(queues, range(5))
+    wait_for(lambda: during <= tags(cog), 3, "the queues' jobs, while the shared master stalls")
+    assert time.time() - paused_at < PAUSE_S + 2, "the jobs waited for the stall to end"
+    stall.join(PAUSE_S + 10)
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(STALL_S) == 0, worker.log()

@@ -486,3 +486,17 @@ def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sentine
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterGroup]:
     yield from _running(ClusterGroup(tmp_path_factory.mktemp("cluster")))
+
+
+@pytest.fixture(scope="module", name="redis_url")
+def cluster_redis_url(redis_cluster: ClusterGroup) -> str:
+    """``redis_url`` for a module whose tests all run on the cluster: import
+    it with ``redis_cluster`` and ``healthy_cluster``."""
+    return redis_cluster.url()
+
+
+@pytest.fixture(autouse=True)
+def healthy_cluster(redis_cluster: ClusterGroup) -> Iterator[None]:
+    """Each test starts on a whole cluster (a test may kill a node)."""
+    redis_cluster.heal()
+    yield
