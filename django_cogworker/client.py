@@ -223,7 +223,7 @@ async def apush(
                 await pipe.execute()
             _registered_now(k, payloads, at)
             if confirm.wanted(config):
-                await confirm.aconfirm(conn, k, config, _jids(payloads))
+                await confirm.aconfirm(conn, _groups(k, payloads), config, _jids(payloads))
 
 
 class _CancelledOnFailure:
@@ -268,11 +268,12 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
                     client.lpush(key, raw)
                 return
         pipe = client.pipeline(transaction=also is not None)
-        _queue_writes(pipe, k, payloads, at, also)
+        written = _queue_writes(pipe, k, payloads, at, also)
+        waits = 0
         if waiting and also is None:
-            confirm.queue_wait(pipe, client, k, config)
+            waits = confirm.queue_wait(pipe, client, written, config)
             replies = pipe.execute(raise_on_error=False)
-            for reply in replies[:-1]:
+            for reply in replies[:-waits]:
                 if isinstance(reply, Exception):
                     raise reply
         else:
@@ -280,17 +281,26 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
         _registered_now(k, payloads, at)
         if waiting and also is not None:
             # A MULTI's pipeline ends at EXEC: WAIT then needs a write of its own.
-            confirm.confirm(client, k, config, _jids(payloads))
-    if waiting and also is None:
-        confirm.check(replies[-1], config, _jids(payloads))
+            confirm.confirm(client, _groups(k, payloads), config, _jids(payloads))
+    if waits:
+        confirm.check_all(replies[-waits:], config, _jids(payloads))
 
 
 def _jids(payloads: list[Payload]) -> list[str]:
     return [str(p["jid"]) for p in payloads]
 
 
-def _queue_writes(pipe: Any, k: Keys, payloads: list[Payload], at: float | None, also: Also | None) -> None:
-    """The commands of a push, on a pipeline (redis-py's or redis.asyncio's)."""
+def _groups(k: Keys, payloads: list[Payload]) -> list[Keys]:
+    """The keys of each queue group the payloads go to (one ``Keys``
+    without SHARDING)."""
+    return list({id(g): g for g in (k.for_payload(p) for p in payloads)}.values())
+
+
+def _queue_writes(
+    pipe: Any, k: Keys, payloads: list[Payload], at: float | None, also: Also | None
+) -> list[str]:
+    """The commands of a push, on a pipeline (redis-py's or redis.asyncio's);
+    returns the keys the jobs are written to."""
     if also is not None:
         also(pipe)
     if at is not None:
@@ -299,13 +309,14 @@ def _queue_writes(pipe: Any, k: Keys, payloads: list[Payload], at: float | None,
             by_set.setdefault(k.for_payload(p).schedule, {})[raw] = at
         for zset, entries in by_set.items():
             pipe.zadd(zset, entries)
-        return
+        return list(by_set)
     by_queue: dict[str, list[bytes]] = {}
     for p, raw in zip(payloads, encode_many(payloads), strict=True):
         by_queue.setdefault(p["queue"], []).append(raw)
     for queue, raws in by_queue.items():
         pipe.sadd(k.queues, queue)
         pipe.lpush(k.queue(queue), *raws)
+    return [k.queue(queue) for queue in by_queue]
 
 
 def _registered_now(k: Keys, payloads: list[Payload], at: float | None) -> None:

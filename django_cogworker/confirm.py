@@ -15,12 +15,14 @@ more write, ``INCR N:replicated``, then ``WAIT`` on that connection. The
 replication stream is ordered, so a replica that has that write has the
 enqueue before it too.
 
-On a Redis Cluster the ``WAIT`` goes to the master of the namespace's slot,
-the node every key of ours lives on.
+On a Redis Cluster a ``WAIT`` goes to each master a push wrote to: the
+master of the namespace's slot, or under ``SHARDING`` each master of a
+queue group written (SPEC section 16).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django_cogworker.conf import Config
@@ -33,12 +35,24 @@ def wanted(config: Config) -> bool:
     return config.enqueue_wait_replicas > 0
 
 
-def queue_wait(pipe: Any, client: Any, keys: Keys, config: Config) -> None:
-    """Adds ``WAIT`` to ``pipe`` (after the pushes queued on it)."""
-    route = {"target_nodes": client.get_node_from_key(keys.queues)} if is_cluster(client) else {}
-    pipe.execute_command(
-        "WAIT", config.enqueue_wait_replicas, max(1, round(config.enqueue_wait_timeout_s * 1000)), **route
-    )
+def queue_wait(pipe: Any, client: Any, written: Iterable[str], config: Config) -> int:
+    """Adds a ``WAIT`` to ``pipe`` (after the pushes queued on it) for each
+    master that holds one of the keys ``written``: one on a server that is
+    not a cluster. Returns how many."""
+    args = ("WAIT", config.enqueue_wait_replicas, max(1, round(config.enqueue_wait_timeout_s * 1000)))
+    if not is_cluster(client):
+        pipe.execute_command(*args)
+        return 1
+    nodes = {node.name: node for node in (client.get_node_from_key(key) for key in written)}
+    for node in nodes.values():
+        pipe.execute_command(*args, target_nodes=node)
+    return len(nodes)
+
+
+def check_all(replies: list[Any], config: Config, jids: list[str]) -> None:
+    """:func:`check` of each ``WAIT``'s reply (:func:`queue_wait`)."""
+    for confirmed in replies:
+        check(confirmed, config, jids)
 
 
 def check(confirmed: object, config: Config, jids: list[str]) -> None:
@@ -64,25 +78,32 @@ def check(confirmed: object, config: Config, jids: list[str]) -> None:
     )
 
 
-def confirm(client: Any, keys: Keys, config: Config, jids: list[str]) -> None:
+def confirm(client: Any, groups: Iterable[Keys], config: Config, jids: list[str]) -> None:
     """Waits for replicas to have the writes this process just made on any
-    connection (see the module's docstring)."""
+    connection (see the module's docstring), to the queue ``groups``' keys
+    (one ``Keys`` without SHARDING)."""
+    counters = sorted({keys.replicated for keys in groups})
     pipe = client.pipeline(transaction=False)
-    pipe.incr(keys.replicated)
-    queue_wait(pipe, client, keys, config)
-    check(_outcome(pipe.execute(raise_on_error=False)), config, jids)
+    for counter in counters:
+        pipe.incr(counter)
+    waits = queue_wait(pipe, client, counters, config)
+    _checked(pipe.execute(raise_on_error=False), waits, config, jids)
 
 
-async def aconfirm(client: Any, keys: Keys, config: Config, jids: list[str]) -> None:
+async def aconfirm(client: Any, groups: Iterable[Keys], config: Config, jids: list[str]) -> None:
     """:func:`confirm` on a ``redis.asyncio`` client."""
+    counters = sorted({keys.replicated for keys in groups})
     async with client.pipeline(transaction=False) as pipe:
-        pipe.incr(keys.replicated)
-        queue_wait(pipe, client, keys, config)
+        for counter in counters:
+            pipe.incr(counter)
+        waits = queue_wait(pipe, client, counters, config)
         replies = await pipe.execute(raise_on_error=False)
-    check(_outcome(replies), config, jids)
+    _checked(replies, waits, config, jids)
 
 
-def _outcome(replies: list[Any]) -> object:
-    """WAIT's reply, unless the write before it failed: a WAIT after no
-    write of its own would count the replicas of an older offset."""
-    return replies[0] if isinstance(replies[0], Exception) else replies[-1]
+def _checked(replies: list[Any], waits: int, config: Config, jids: list[str]) -> None:
+    """The WAITs' replies checked, unless a write before them failed: a
+    WAIT after no write of its own would count the replicas of an older
+    offset."""
+    failed = [reply for reply in replies[:-waits] if isinstance(reply, Exception)]
+    check_all(failed[:1] or replies[-waits:], config, jids)

@@ -32,8 +32,9 @@ class Producer:
     to each enqueue: confirmed by a replica, pushed on the master but not
     confirmed (EnqueueNotReplicated), or refused (RedisUnavailable)."""
 
-    def __init__(self, seconds: float = 0.01) -> None:
+    def __init__(self, seconds: float = 0.01, queue: str | None = None) -> None:
         self.seconds = seconds
+        self.job = jobs.pace if queue is None else jobs.pace.set(queue=queue)
         self.confirmed: list[str] = []
         self.unconfirmed: list[str] = []
         self.refused = 0
@@ -45,7 +46,7 @@ class Producer:
         while not self.stop.is_set():
             i += 1
             try:
-                jid = jobs.pace.delay(self.seconds, i)
+                jid = self.job.delay(self.seconds, i)
                 self.confirmed.append(str(jid))
             except errors.EnqueueNotReplicated as exc:
                 self.unconfirmed += exc.jids

@@ -11,6 +11,7 @@ worker's jobs recovered by the decision of its group's master alone.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -22,9 +23,11 @@ from typing import Any
 import pytest
 import redis
 
+from django_cogworker.client import enqueue_many
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, cpu_seconds, kill, wait_for
+from tests.test_failover import Producer
 from tests.test_stall import SLOW_BEATS
 from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
@@ -253,3 +256,81 @@ def test_g2_sharded_a_stall_of_the_shared_slots_master_stops_no_queue(
     for worker in workers:
         worker.signal(signal.SIGTERM)
         assert worker.wait(STALL_S) == 0, worker.log()
+
+
+def runs_between(cog: CogEnv, queue: str, start: float, end: float) -> int:
+    return sum(1 for n in cog.notes() if n["queue"] == queue and start <= n["at"] < end)
+
+
+def test_g11_sharded_a_master_sigkilled_stops_only_its_queues_and_loses_no_confirmed_job(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    cog = sharded
+    # The shared slot and the notes on one master, so that the victim is a
+    # master with only a queue group on it.
+    while redis_cluster.owner_of(f"{{{cog.namespace}}}") != redis_cluster.owner_of(cog.key("test:runs")):
+        cog.namespace = f"s{uuid.uuid4().hex[:12]}"
+        cog.configure(NAMESPACE=cog.namespace)
+    shared = redis_cluster.owner_of(f"{{{cog.namespace}}}")
+    placed = {port: names[0] for port, names in queues_per_master(redis_cluster, cog.namespace, 1).items()}
+    victim = next(port for port in placed if port != shared)
+    cog.configure(ENQUEUE_WAIT_REPLICAS=1, ENQUEUE_WAIT_TIMEOUT=0.5, HEARTBEAT_TTL=4, ORPHAN_THRESHOLD=8)
+    workers = [cog.start_worker("--skip-checks", QUEUES=[q]) for q in placed.values()]
+    producers = {q: Producer(0.001, queue=q) for q in placed.values()}
+    for producer in producers.values():
+        producer.__enter__()
+    try:
+        wait_for(
+            lambda: all(runs_between(cog, q, 0, math.inf) >= 30 for q in placed.values()),
+            STALL_S,
+            "every queue's run to get going",
+        )
+        killed_at = time.time()
+        promoted_in = redis_cluster.kill(victim)
+        promoted_at = time.time()
+        redis_cluster.restart(victim)  # the promoted master's replica, to confirm enqueues again
+        slow = placed[victim]
+        at_restart = len(producers[slow].confirmed)
+        wait_for(
+            lambda: len(producers[slow].confirmed) >= at_restart + 20, STALL_S, "its queue confirmed again"
+        )
+    finally:
+        for producer in producers.values():
+            producer.__exit__()
+    confirmed = {jid for producer in producers.values() for jid in producer.confirmed}
+    wait_for(lambda: confirmed <= {str(n["jid"]) for n in cog.notes()}, 60, "every confirmed job to run")
+    assert all(w.alive() for w in workers)
+    window = promoted_at - killed_at
+    for port, q in placed.items():
+        if port == victim:
+            continue
+        before = runs_between(cog, q, killed_at - window, killed_at)
+        during = runs_between(cog, q, killed_at, promoted_at)
+        print(
+            f"\n[sharded] {q}: {before} runs in the {window:.1f}s before the kill, {during} in the takeover"
+        )
+        assert during >= 0.9 * before, (q, before, during)
+    promoted = f"promoted in {promoted_in:.1f}s"
+    print(f"[sharded] {placed[victim]}: master killed, {promoted}; {len(confirmed)} confirmed jobs all ran")
+
+
+def test_g11_sharded_a_confirmed_push_over_three_groups_waits_on_each_master(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    cog = sharded
+    cog.configure(ENQUEUE_WAIT_REPLICAS=1, ENQUEUE_WAIT_TIMEOUT=2.0)
+    placed = {port: names[0] for port, names in queues_per_master(redis_cluster, cog.namespace, 1).items()}
+    waits = {port: wait_calls(port) for port in placed}
+    payloads = [jobs.record.set(queue=q).payload((q,), {}) for q in placed.values() for _ in range(3)]
+    assert len(enqueue_many(payloads)) == 9
+    k = get_keys()
+    assert [cog.redis.llen(k.queue(q)) for q in placed.values()] == [3, 3, 3]
+    # One WAIT on each master written, after the push on the same connection.
+    assert {port: wait_calls(port) - n for port, n in waits.items()} == dict.fromkeys(placed, 1)
+
+
+def wait_calls(port: int) -> int:
+    with redis.Redis(port=port) as node:
+        return int(node.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))

@@ -100,7 +100,7 @@ def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now
         if confirm.wanted(config):
             # The slot's marker is set: this slot is not pushed again, by
             # this process or another. Raised to the ticker, which logs it.
-            confirm.confirm(client, keys, config, [str(payload["jid"])])
+            confirm.confirm(client, [keys], config, [str(payload["jid"])])
         return PUSHED
     chain.cancel(payload)
     if int(reply) == -1:
