@@ -2,12 +2,14 @@
 slot, the slot, and the server that holds it (``cogworker_status
 --shards``, SPEC section 16).
 
-Every key is built from the namespace (``keys.py``), so every queue is in
-one group: on a Redis Cluster the namespace's hash tag (``{N}``) puts all
-of them in one slot, on one master, and the other masters hold none. That
-is failover, not more throughput, and :func:`spread` says so with the
-masters left idle. The cluster's layout is read from the client's own map
-of slots (no command sent).
+Without ``SHARDING`` every key is built from the namespace (``keys.py``),
+so every queue is in one group: on a Redis Cluster the namespace's hash tag
+(``{N}``) puts all of them in one slot, on one master, and the other
+masters hold none. That is failover, not more throughput, and
+:func:`spread` says so with the masters left idle. With ``SHARDING`` each
+queue group has its own tag and slot (:func:`known_groups` lists them);
+a master that holds none is named too. The cluster's layout is read from
+the client's own map of slots (no command sent).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from redis.crc import key_slot
 
+from django_cogworker import registry
+from django_cogworker.conf import get_config
 from django_cogworker.connection import describe, is_cluster
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
@@ -25,7 +30,7 @@ from django_cogworker.keys import Keys
 
 @dataclass(frozen=True)
 class Shard:
-    #: What the group's keys share: the namespace.
+    #: What the group's keys share: the namespace, or under SHARDING the group's name.
     group: str
     queues: list[str]
     #: The hash slot of the group's keys; None on a server that is not a cluster.
@@ -41,6 +46,8 @@ class Spread:
     #: Every master of the cluster; the one server otherwise.
     masters: list[str]
     cluster: bool
+    #: Each queue group in a slot of its own (SHARDING), or all in the namespace's.
+    sharded: bool = False
 
     @property
     def idle_masters(self) -> list[str]:
@@ -50,6 +57,7 @@ class Spread:
     def as_dict(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster,
+            "sharded": self.sharded,
             "groups": [
                 {"group": s.group, "queues": s.queues, "slot": s.slot, "master": s.server}
                 for s in self.shards
@@ -57,6 +65,24 @@ class Spread:
             "masters": self.masters,
             "idle_masters": self.idle_masters,
         }
+
+
+def known_groups(client: Any, keys: Keys) -> list[Keys]:
+    """The keys of every queue group there may be jobs in: without
+    SHARDING, the one layout; with it, the groups of the queues known to
+    Redis (``N:queues``), to this process's settings (``QUEUES``,
+    ``QUEUE_GROUPS``) and to the registered jobs."""
+    if not keys.sharded:
+        return [keys]
+    config = get_config()
+    try:
+        registered = client.smembers(keys.queues)
+    except redis.ResponseError:
+        registered = set()  # a registry of the wrong type: the pages say so (Stats.skipped)
+    names = {m.decode("utf-8", "surrogateescape") for m in registered if isinstance(m, bytes)}
+    names |= {q.name for q in config.queues} | {q for q, _ in config.queue_groups}
+    names |= {job.queue for job in map(registry.get, registry.names()) if job is not None}
+    return [keys.group(g) for g in sorted({keys.group_of(q) for q in names})]
 
 
 def _address(node: Any) -> str:
@@ -69,11 +95,20 @@ def spread(client: Any, keys: Keys, queues: list[str], config: Any) -> Spread:
     if not is_cluster(client):
         server = describe(config)
         return Spread([Shard(keys.namespace, queues, None, server)], [server], cluster=False)
-    key = storable(keys.queues)
-    node = client.get_node_from_key(key)
-    shard = Shard(keys.namespace, queues, key_slot(key.encode()), _address(node))
     masters = sorted(_address(n) for n in client.get_primaries())
-    return Spread([shard], masters, cluster=True)
+    if not keys.sharded:
+        key = storable(keys.queues)
+        node = client.get_node_from_key(key)
+        shard = Shard(keys.namespace, queues, key_slot(key.encode()), _address(node))
+        return Spread([shard], masters, cluster=True, sharded=False)
+    groups: dict[str, list[str]] = {}
+    for queue in queues:
+        groups.setdefault(keys.group_of(queue), []).append(queue)
+    found = []
+    for group, names in sorted(groups.items()):
+        key = storable(keys.group(group).queue(names[0]))
+        found.append(Shard(group, names, key_slot(key.encode()), _address(client.get_node_from_key(key))))
+    return Spread(found, masters, cluster=True, sharded=True)
 
 
 def lines(found: dict[str, Any]) -> list[str]:
@@ -85,7 +120,12 @@ def lines(found: dict[str, Any]) -> list[str]:
     for g in groups:
         names = ",".join(g["queues"]) or "-"
         out.append(f"  {g['group']}: slot {g['slot']} on {g['master']}, queues {names}")
-    if idle:
+    if idle and found.get("sharded"):
+        out.append(
+            f"warning: {len(idle)} master(s) hold no queue group ({', '.join(idle)}): they serve no "
+            "job; queue names (or QUEUE_GROUPS) whose tags land there would spread the work"
+        )
+    elif idle:
         out.append(
             f"warning: {len(idle)} master(s) hold no queue ({', '.join(idle)}): every key is in "
             "the namespace's one slot, so one master serves every job (failover, not more throughput)"

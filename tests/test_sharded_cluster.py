@@ -11,6 +11,7 @@ worker's jobs recovered by the decision of its group's master alone.
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import threading
@@ -29,6 +30,7 @@ from testproject.testapp import jobs
 from tests.conftest import CogEnv, cpu_seconds, kill, wait_for
 from tests.test_failover import Producer
 from tests.test_stall import SLOW_BEATS
+from tests.test_worker_logs import status
 from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
 STALL_S = 30
@@ -334,3 +336,31 @@ def test_g11_sharded_a_confirmed_push_over_three_groups_waits_on_each_master(
 def wait_calls(port: int) -> int:
     with redis.Redis(port=port) as node:
         return int(node.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+
+def test_g16_sharded_status_sums_the_groups_and_names_each_groups_slot_and_master(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    """``cogworker_status`` (its system checks skipped: a probe) reads one
+    view over the groups: the sets' sizes summed; ``--shards`` gives each
+    group its slot and master."""
+    cog = sharded
+    placed = {port: names[0] for port, names in queues_per_master(redis_cluster, cog.namespace, 1).items()}
+    queues = list(placed.values())
+    cog.configure(QUEUES=queues)
+    for q in queues:
+        jobs.record.set(queue=q).delay(f"{q}-queued")
+        jobs.record.set(queue=q).delay_in(3600, f"{q}-later")
+    code, out, err = status(cog, "--shards", "--json")
+    assert code == 1, out + err  # no process
+    report = json.loads(out)
+    assert report["scheduled"] == 3 and report["dead"] == 0, report
+    assert {q["name"]: q["size"] for q in report["queues"]} == dict.fromkeys(queues, 1)
+    found = report["shards"]
+    assert found["sharded"] is True and found["idle_masters"] == [], found
+    where = {g["group"]: g["master"] for g in found["groups"]}
+    assert where == {q: f"127.0.0.1:{port}" for port, q in placed.items()}, found
+    code, out, _ = status(cog, "--shards")
+    assert "shards: 3 group(s) on 3 of 3 masters" in out, out
+    assert "hold no queue" not in out, out

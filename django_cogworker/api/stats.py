@@ -22,6 +22,7 @@ from django_cogworker.api.parsing import Listing, checked_number, is_wrong_type,
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.keys import MINUTE_FORMAT
+from django_cogworker.shards import known_groups
 
 
 def _count(key: str, reply: Any, notes: list[str]) -> int:
@@ -50,6 +51,19 @@ def _counts(key: str, reply: Any, skipped: list[str]) -> dict[str, int]:
     return counts
 
 
+#: The figures of ``Stats``, in the order they are unpacked.
+FIGURES = (
+    "processed",
+    "failed",
+    "scheduled_size",
+    "retry_size",
+    "dead_size",
+    "unsettled_size",
+    "batches_size",
+    "expired",
+)
+
+
 class Stats:
     """Totals (flushed by each process's heartbeat: truthful to one beat).
 
@@ -59,13 +73,16 @@ class Stats:
     @redis_boundary("read the totals")
     def __init__(self) -> None:
         client, k = get_redis(), get_keys()
+        # Under SHARDING each group has its own sets: their sizes are summed.
+        groups = known_groups(client, k)
         pipe = client.pipeline(transaction=False)
         pipe.get(k.stat_processed)
         pipe.get(k.stat_failed)
-        pipe.zcard(k.schedule)
-        pipe.zcard(k.retry)
-        pipe.zcard(k.dead)
-        pipe.llen(k.unsettled)
+        for g in groups:
+            pipe.zcard(g.schedule)
+            pipe.zcard(g.retry)
+            pipe.zcard(g.dead)
+            pipe.llen(g.unsettled)
         pipe.zcard(k.batches)
         pipe.get(k.stat_expired)
         pipe.hgetall(k.stat_expired_jobs)
@@ -73,28 +90,29 @@ class Stats:
         *replies, expired_jobs, queues = pipe.execute(raise_on_error=False)
         self.malformed: dict[str, str] = {}
         self.skipped: list[str] = []
-        figures = [
-            ("processed", k.stat_processed, ""),
-            ("failed", k.stat_failed, ""),
-            ("scheduled_size", k.schedule, "sorted set"),
-            ("retry_size", k.retry, "sorted set"),
-            ("dead_size", k.dead, "sorted set"),
-            ("unsettled_size", k.unsettled, "list"),
-            ("batches_size", k.batches, "sorted set"),
-            ("expired", k.stat_expired, ""),
-        ]
-        values = []
+        figures = [("processed", k.stat_processed, ""), ("failed", k.stat_failed, "")]
+        for g in groups:
+            figures += [
+                ("scheduled_size", g.schedule, "sorted set"),
+                ("retry_size", g.retry, "sorted set"),
+                ("dead_size", g.dead, "sorted set"),
+                ("unsettled_size", g.unsettled, "list"),
+            ]
+        figures += [("batches_size", k.batches, "sorted set"), ("expired", k.stat_expired, "")]
+        totals: dict[str, int] = {}
         for (figure, key, kind), reply in zip(figures, replies, strict=True):
             notes: list[str] = []
             if not kind:
-                values.append(_count(key, reply, notes))
+                value = _count(key, reply, notes)
             elif is_wrong_type(reply):
-                values.append(0)
+                value = 0
                 notes.append(f"{key} is not a {kind}")
             else:
-                values.append(int(reply))
+                value = int(reply)
+            totals[figure] = totals.get(figure, 0) + value
             if notes:
-                self.malformed[figure] = notes[0]
+                self.malformed.setdefault(figure, notes[0])
+        values = [totals[f] for f in FIGURES]
         (
             self.processed,
             self.failed,
