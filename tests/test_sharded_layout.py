@@ -1,15 +1,16 @@
 """The sharded key layout (SPEC section 16) on one plain server.
 
-This release refuses ``SHARDING = "queues"`` (E035): workers do not yet beat,
-recover and fetch per queue group across masters. What it has is the layout
-and the seam every key goes through (``keys.py``). These tests run workers
-with sharding on against one plain redis-server (``--skip-checks``, which
-also lets the URL name no cluster), so that a key built outside the seam
-fails: the shared keys refuse to name a group's key. A worker serves the
-queues of one group. Each test checks that jobs run exactly as without
+This release refuses ``SHARDING = "queues"`` (E035): a worker serves the
+queues of one group, and the admin, the API, limits and workflows do not
+yet span groups. What it has is the layout and the seam every key goes
+through (``keys.py``). These tests run workers with sharding on against one
+plain redis-server (``--skip-checks``, which also lets the URL name no
+cluster), so that a key built outside the seam fails: the shared keys
+refuse to name a group's key. They check that jobs run exactly as without
 sharding, that every key lands under ``{N}`` or its group's ``{N:<g>}``,
-and that no script call mixes slots (the beat, the recovery and the due
-jobs' move each keep a group's keys and the shared ones in separate calls).
+and, with the slot guard, that no script call mixes slots. The same
+workers on a real cluster, which refuses any call across slots, recovery
+and failover included: ``tests/test_sharded_cluster.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from redis.crc import key_slot
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs
 from tests import slot_guard
-from tests.conftest import ROOT, CogEnv, cpu_seconds, kill, wait_for
+from tests.conftest import ROOT, CogEnv, cpu_seconds, wait_for
 
 GROUPS = {"mail": ["mail", "mail_bulk"]}
 
@@ -144,34 +145,6 @@ def test_g16_sharded_layout_jobs_of_two_groups_run_once_each_under_their_own_tag
     )
     assert layout_problems(cog) == []
     assert mixed_calls(sharded, default, mail) == {}
-
-
-def test_g1_sharded_layout_a_sigkilled_workers_jobs_are_recovered_in_its_group(
-    cog: CogEnv, sharded: Path, tmp_path: Path
-) -> None:
-    victim = start(cog, tmp_path, sharded, ["mail", "mail_bulk"])
-    for i in range(3):
-        jobs.noted_pace.set(queue="mail_bulk").delay(30, f"held-{i}")
-    wait_for(
-        lambda: len(cog.notes("started")) == 3,
-        STALL_S,
-        "the victim to start its jobs",
-        progress=lambda: cpu_seconds(victim.pid),
-    )
-    lists = list(cog.redis.scan_iter(match=get_keys().group("mail").inprogress("*")))
-    assert [cog.redis.llen(key) for key in lists] == [3], "the victim's list, under the group's tag"
-    kill(victim)
-    # It comes back with a short pace: the rerun is what is waited for.
-    rescuer = start(cog, tmp_path, sharded, ["mail_bulk", "mail"])
-    wait_for(
-        lambda: {f"held-{i}" for i in range(3)} <= set(runs(cog)) or None,
-        STALL_S + 30,
-        "the held jobs to run again",
-        progress=lambda: cpu_seconds(rescuer.pid),
-    )
-    assert runs(cog) == Counter({f"held-{i}": 1 for i in range(3)})
-    assert layout_problems(cog) == []
-    assert mixed_calls(sharded, rescuer) == {}
 
 
 def test_sharded_layout_a_worker_serving_two_groups_is_refused_with_the_way_out(
