@@ -35,6 +35,10 @@ GROUPS = {"mail": ["mail", "mail_bulk"]}
 
 STALL_S = 30
 
+#: Pushed every second by the default group's worker: the ticker's script
+#: keeps to the queue's group, the shared records written apart.
+TICK = {"cron": "* * * * * *", "job": jobs.record.name, "args": ["tick"], "until_executed": True}
+
 
 @pytest.fixture
 def sharded(cog: CogEnv, tmp_path: Path) -> Iterator[Path]:
@@ -66,6 +70,10 @@ def start(cog: CogEnv, tmp_path: Path, path: Path, queues: list[str], **override
 
 def runs(cog: CogEnv) -> Counter[str]:
     return Counter(str(note["tag"]) for note in cog.notes())
+
+
+def without_ticks(counts: Counter[str]) -> Counter[str]:
+    return Counter({tag: n for tag, n in counts.items() if tag != "tick"})
 
 
 def calls(path: Path) -> list[dict[str, Any]]:
@@ -109,7 +117,7 @@ def layout_problems(cog: CogEnv) -> list[str]:
 def test_g16_sharded_layout_jobs_of_two_groups_run_once_each_under_their_own_tags(
     cog: CogEnv, sharded: Path, tmp_path: Path
 ) -> None:
-    default = start(cog, tmp_path, sharded, ["default"])
+    default = start(cog, tmp_path, sharded, ["default"], PERIODIC=[TICK])
     mail = start(cog, tmp_path, sharded, ["mail", "mail_bulk"])
     for i in range(5):
         jobs.record.delay(f"default-{i}")
@@ -132,9 +140,13 @@ def test_g16_sharded_layout_jobs_of_two_groups_run_once_each_under_their_own_tag
         }
     )
     wait_for(
-        lambda: runs(cog) == expected and cog.redis.zcard(k.group("mail").dead) == 1,
+        lambda: (
+            without_ticks(runs(cog)) == expected
+            and cog.redis.zcard(k.group("mail").dead) == 1
+            and runs(cog)["tick"] >= 1
+        ),
         STALL_S,
-        "every job to run, and the failing one to be dead in its group",
+        "every job to run, the failing one to be dead in its group, and a periodic run",
         progress=lambda: cpu_seconds(mail.pid) + cpu_seconds(default.pid),
     )
     assert {n["pid"] for n in cog.notes() if n["queue"] == "default"} == {default.pid}

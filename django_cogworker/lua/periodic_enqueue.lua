@@ -1,7 +1,9 @@
 -- Enqueue one slot of a periodic entry, exactly once across all processes.
 -- KEYS[1] = the slot's marker (periodic:slot:<pjid>:<slot>), KEYS[2] = the
 -- entry's running lock (periodic:running:<pjid>), KEYS[3] = the queue list,
--- KEYS[4] = queues set, KEYS[5] = periodic:last hash (pjid -> epoch s).
+-- KEYS[4] = queues set, KEYS[5] = periodic:last hash (pjid -> epoch s);
+-- under SHARDING only the first three (the queue's group's), and the
+-- caller writes the shared two after a push.
 -- ARGV[1] = the payload, ARGV[2] = its queue name, ARGV[3] = the marker's TTL
 -- (s), ARGV[4] = "1" if the entry is until_executed, ARGV[5] = the jid,
 -- ARGV[6] = the running lock's queued TTL (s), ARGV[7] = pjid, ARGV[8] = now
@@ -26,6 +28,8 @@ redis.call("SET", KEYS[1], ARGV[5], "EX", ARGV[3])
 if ARGV[4] == "1" then
   redis.call("SET", KEYS[2], ARGV[5], "EX", ARGV[6])
 end
-redis.pcall("SADD", KEYS[4], ARGV[2])
-redis.pcall("HSET", KEYS[5], ARGV[7], ARGV[8])
+if #KEYS > 3 then
+  redis.pcall("SADD", KEYS[4], ARGV[2])
+  redis.pcall("HSET", KEYS[5], ARGV[7], ARGV[8])
+end
 return 1

@@ -62,6 +62,19 @@ def slot_payload(entry: Entry, slot: float, now: float) -> Payload:
     return payload
 
 
+def _shared_records(client: redis.Redis, keys: Keys, queue: str, pjid: str, now: float) -> None:
+    """Under SHARDING, what the script writes in the shared slot without it:
+    the queue registry and the entry's last run. Their loss only hides a
+    queue or a last run from the admin for a while: logged, not raised."""
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.sadd(keys.queues, queue)
+        pipe.hset(keys.periodic_last, pjid, repr(now))
+        pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("periodic %s: pushed, but its last run was not recorded (%s)", pjid, exc)
+
+
 def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now: float) -> str:
     """Enqueues one slot unless any process did it first. Returns PUSHED,
     ALREADY, SKIPPED or REFUSED."""
@@ -77,9 +90,12 @@ def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now
         return REFUSED
     queue = str(payload["queue"])
     try:
+        script_keys = [marker, keys.periodic_running(entry.pjid), keys.queue(queue)]
+        if not keys.sharded:
+            script_keys += [keys.queues, keys.periodic_last]
         reply = script("periodic_enqueue")(
             client,
-            [marker, keys.periodic_running(entry.pjid), keys.queue(queue), keys.queues, keys.periodic_last],
+            script_keys,
             [
                 encode(payload),
                 queue,
@@ -96,6 +112,8 @@ def enqueue_slot(client: redis.Redis, keys: Keys, entry: Entry, slot: float, now
         raise
     if int(reply) == 1:
         logger.debug("periodic %s (%s): enqueued jid=%s", entry.job, entry.cron, payload["jid"])
+        if keys.sharded:
+            _shared_records(client, keys, queue, entry.pjid, now)
         config = get_config()
         if confirm.wanted(config):
             # The slot's marker is set: this slot is not pushed again, by
