@@ -94,6 +94,9 @@ class Keys:
         #: The group's queues that jobs were moved to (``move_due.lua``):
         #: the shared registry without SHARDING, the group's own with it.
         self.moved_to = f"{g}:queues"
+        #: Digests of the list entries moved into the group from the
+        #: one-slot layout (``migrate_layout``): a rerun moves none twice.
+        self.migrated = f"{g}:migrated"
 
     @property
     def shared(self) -> Keys:
