@@ -11,9 +11,9 @@ nothing twice and loses nothing:
 
 - a list entry (a queue, unsettled, repeat_orphans, an in-progress list):
   read at the list's oldest end; pushed to its new list together with its
-  digest in the group's ``migrated`` set (one ``MULTI``, one slot); taken
-  off the old list only then. A rerun that finds the digest there only
-  takes it off (the digests expire after ``MIGRATED_TTL_S``);
+  digest in the group's ``migrated`` set (``migrate_push.lua``, one slot);
+  taken off the old list only then. A rerun whose push finds the digest
+  there only takes it off (the digests expire after ``MIGRATED_TTL_S``);
 - a sorted-set entry: ``ZADD`` (idempotent by nature), then ``ZREM``;
 - the job's unique and periodic running locks, and its orphan counter,
   follow it to its group (with what is left of their TTL) before it moves.
@@ -34,6 +34,7 @@ from typing import Any
 
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.keys import Keys, keys
+from django_cogworker.scripts import script
 
 #: How long the digests of moved list entries are kept, for a rerun.
 MIGRATED_TTL_S = 7 * 24 * 3600
@@ -120,13 +121,8 @@ class Migration:
         while (raw := client.lindex(source, -1)) is not None:
             group, target = destination(raw)
             digest = hashlib.sha1(raw).hexdigest()
-            if not client.sismember(group.migrated, digest):
-                self._locks(raw)
-                pipe = client.pipeline(transaction=True)
-                pipe.lpush(target, raw)
-                pipe.sadd(group.migrated, digest)
-                pipe.expire(group.migrated, MIGRATED_TTL_S)
-                pipe.execute()
+            self._locks(raw)
+            if script("migrate_push")(client, [target, group.migrated], [raw, digest, MIGRATED_TTL_S]):
                 self.counts[what] += 1
             client.lrem(source, -1, raw)
 

@@ -72,6 +72,8 @@ NOT_REACHED = {
     # Sent only under SHARDING, whose workers tests/test_sharded_layout.py
     # runs with this guard.
     "group_beat": "a beat to a worker's queue group (SHARDING)",
+    # Sent only by manage.py cogworker_migrate: tests/test_sharded_migration.py.
+    "migrate_push": "a job moved to the sharded layout",
 }
 
 #: A worker that beats only at its start (and deregisters as it stops), so

@@ -5,7 +5,7 @@ midway and run again. Then workers of the sharded layout run them.
 
 On one plain server (what is checked is where each entry goes and how many
 times, not the cluster's slots: the moves are single-slot calls, the
-MULTI of a list entry's move is in its group's slot).
+script call of a list entry's move keeps to its group's slot).
 """
 
 from __future__ import annotations
