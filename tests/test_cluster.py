@@ -217,7 +217,9 @@ def test_g16_g11_the_slot_owner_sigkilled_mid_run_loses_no_confirmed_job(
     # while the slot moves), never an error of ours nor a broken queue.
     assert_only_outages("".join(w.log() for w in workers))
     with redis.Redis(port=new_owner) as node:
-        assert node.script_exists(script("heartbeat").sha) == [True], "the worker loaded its scripts again"
+        # Its next beat (every 0.2 s) meets NOSCRIPT and loads it again.
+        loaded = lambda: node.script_exists(script("heartbeat").sha) == [True]  # noqa: E731
+        wait_for(loaded, 10, "the worker to load its scripts again")
     print(
         f"\n[cluster] slot owner killed, replica promoted in {promoted_in:.1f}s; {len(confirmed)} confirmed "
         f"enqueues all ran, {len(producer.unconfirmed)} unconfirmed, {producer.refused} refused, "
