@@ -18,7 +18,8 @@ of this machine is.
     python3 tools/bench_shards.py
     python3 tools/bench_shards.py --jobs 30000 --masters 1,3
 
-``--smoke`` runs M = 1 on a few jobs: a check that the tool runs, not a figure.
+``--smoke`` runs M = 1, one queue and its worker, on a few jobs: a check
+that the tool runs, not a figure.
 """
 
 from __future__ import annotations
@@ -132,9 +133,9 @@ def owner(ports: list[int], key: str) -> int:
     return ports[min(slot // (16384 // len(ports)), len(ports) - 1)]
 
 
-def place(ports: list[int], namespace: str, masters: int) -> list[str]:
-    """Six queue names whose tags land on the first ``masters`` masters, in turn."""
-    wanted = [ports[i % masters] for i in range(QUEUES)]
+def place(ports: list[int], namespace: str, masters: int, count: int = QUEUES) -> list[str]:
+    """``count`` queue names whose tags land on the first ``masters`` masters, in turn."""
+    wanted = [ports[i % masters] for i in range(count)]
     names, i = [], 0
     for port in wanted:
         while owner(ports, f"{{{namespace}:q{i}}}") != port:
@@ -158,13 +159,13 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(ports: list[int], masters: int, jobs: int, python: str) -> dict[str, object]:
+def run(ports: list[int], masters: int, jobs: int, python: str, count: int = QUEUES) -> dict[str, object]:
     from django_cogworker import conf, connection
     from django_cogworker.connection import get_keys, get_redis
     from testproject.testapp.jobs import noop
 
     namespace = f"bench{uuid.uuid4().hex[:8]}"
-    queues = place(ports, namespace, masters)
+    queues = place(ports, namespace, masters, count)
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
     settings = {"NAMESPACE": namespace, "SHARDING": "queues", "CONCURRENCY": 10, "QUEUES": queues}
     os.environ["COGWORKER_OVERRIDES"] = json.dumps(settings)
@@ -242,7 +243,7 @@ def main() -> None:
     rows = []
     with cluster(3) as ports:
         for m in counts:
-            rows.append(run(ports, m, jobs, sys.executable))
+            rows.append(run(ports, m, jobs, sys.executable, 1 if args.smoke else QUEUES))
             print(json.dumps(rows[-1]), flush=True)
     head = ["masters holding the 6 queues", "jobs/s", "share of commands per master", "Redis CPU s each"]
     print("\n| " + " | ".join([*head, "workers' CPU s"]) + " |")
