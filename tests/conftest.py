@@ -311,13 +311,6 @@ def client_for(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
-#: Set: the tests run on the sharded layout (one plain server, every test
-#: queue in one group), as ``make test-sharded`` runs the guarantee tests.
-SHARDED_ENV = "COGWORKER_TEST_SHARDED"
-SHARDED_GROUP = "all"
-SHARDED_QUEUES = ["default", "low", "mail", "mail_bulk"]
-
-
 def namespace_for(url: str) -> str:
     """A fresh namespace per test; hash-tagged on a cluster (SPEC section 11)."""
     name = f"t{uuid.uuid4().hex[:12]}"
@@ -335,9 +328,6 @@ class CogEnv:
         self.redis = client_for(url)
         self.workers: list[Worker] = []
         self.overrides: dict[str, Any] = {**FAST, "NAMESPACE": namespace}
-        if os.environ.get(SHARDED_ENV) and "+cluster://" not in url:
-            # The sharded layout, every test queue in one group (SPEC section 16).
-            self.overrides.update(SHARDING="queues", QUEUE_GROUPS={SHARDED_GROUP: SHARDED_QUEUES})
         self.apply()
 
     def apply(self) -> None:
@@ -356,8 +346,6 @@ class CogEnv:
 
     def start_worker(self, *args: str, env: dict[str, str] | None = None, **overrides: Any) -> Worker:
         settings = {**self.overrides, **overrides}
-        if settings.get("SHARDING") and "--skip-checks" not in args:
-            args = ("--skip-checks", *args)  # this release refuses SHARDING (cogworker.E035)
         log_path = self.tmp / f"worker-{len(self.workers)}.log"
         full_env = {
             **os.environ,
@@ -386,11 +374,9 @@ class CogEnv:
                 worker.proc.kill()
                 worker.proc.wait(10)
         try:
-            bare = self.namespace.strip("{}")
-            for pattern in (f"{self.namespace}:*", f"{{{bare}}}*", f"{{{bare}:*"):
-                keys = list(self.redis.scan_iter(match=pattern, count=1000))
-                if keys:
-                    self.redis.delete(*keys)
+            keys = list(self.redis.scan_iter(match=f"{self.namespace}:*", count=1000))
+            if keys:
+                self.redis.delete(*keys)
         except redis.RedisError:
             pass
         from django_cogworker import connection

@@ -41,7 +41,7 @@ from django_cogworker.recovery import ORPHANINGS_TTL_S
 from django_cogworker.requeue import requeue_list
 from django_cogworker.scripts import script
 from testproject.testapp import jobs
-from tests.conftest import SHARDED_GROUP, CogEnv, kill, wait_for
+from tests.conftest import CogEnv, kill, wait_for
 from tests.test_multi_queue_wait import watch
 
 RECORD = "testproject.testapp.jobs.record"
@@ -51,9 +51,7 @@ RECORD = "testproject.testapp.jobs.record"
 
 
 def keys() -> Keys:
-    """The keys of the tests' queues: their one group's on the sharded layout."""
-    k = get_keys()
-    return k.group(SHARDED_GROUP) if k.sharded else k
+    return get_keys()
 
 
 def raw_job(job: Any, *args: Any, **kwargs: Any) -> bytes:
