@@ -101,8 +101,13 @@ class Heartbeat:
         (the group beat's own thread sends it: :meth:`run_group`)."""
         p = self.process
         k = p.keys
-        processed, failed, tally = self.ledger.take_counts()
         status = self.status()
+        if k.sharded and group:
+            # The group's liveness first, on its own master (before the
+            # counts are taken: a failure here must not lose them); the
+            # shared records (the admin's, never a death decision) then.
+            self.beat_group(status.reliable)
+        processed, failed, tally = self.ledger.take_counts()
         fields = self.fields(status)
         jobs = self.running_records()
         increments = tally.increments()
@@ -124,11 +129,7 @@ class Heartbeat:
         args += increments
         args += jobs
         if k.sharded:
-            # The group's liveness first, on its own master; the shared
-            # records (the admin's, never a death decision) then.
-            if group:
-                self.beat_group(status.reliable)
-            args[4] = "0"
+            args[4] = "0"  # the registration is the group beat's
         sent_at, sent_mono = time.time(), time.monotonic()
         s = k.shared
         try:
@@ -161,7 +162,7 @@ class Heartbeat:
             p.outage.filled()
         else:
             p.outage.has_room()
-        return [s.decode() for s in signals]
+        return [sent.decode() for sent in signals]
 
     def check_registered(self, registered: int) -> None:
         if not registered and not self.unregistered:
