@@ -2,11 +2,15 @@
 masters, each with a replica.
 
 This release refuses ``SHARDING = "queues"`` (E035): a worker serves the
-queues of one group, and the admin and the API do not yet merge the
+queues of one group, and the admin's set pages do not yet merge the
 groups. What is there runs here, workers started with ``--skip-checks``:
-queues spread over the masters, each script call in one slot (a cluster
-refuses any other), the beat to each group's own master, and a dead
-worker's jobs recovered by the decision of its group's master alone.
+queues spread over the masters (their share of the commands), each script
+call in one slot (a cluster refuses any other), a dead worker's jobs
+recovered by the decision of its group's master alone, a stalled master
+that takes no live process for dead and stops only its own queues, a
+stalled shared slot that stops none, a master SIGKILLed that stops only
+its queues and loses no confirmed job, a confirmed push that waits on each
+master it wrote to, and ``cogworker_status`` summing the groups.
 """
 
 from __future__ import annotations
