@@ -311,6 +311,15 @@ def client_for(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
+def delete_sharded(client: Any, name: str) -> None:
+    """Deletes every key of the namespace ``name`` in the sharded layout
+    (``{name}...``, ``{name:<group>}...``) and the tests' own (``name:...``),
+    one key per DEL: a cluster client takes no other."""
+    for pattern in (f"{{{name}}}*", f"{{{name}:*", f"{name}:*"):
+        for key in list(client.scan_iter(match=pattern, count=1000)):
+            client.delete(key)
+
+
 def namespace_for(url: str) -> str:
     """A fresh namespace per test; hash-tagged on a cluster (SPEC section 11)."""
     name = f"t{uuid.uuid4().hex[:12]}"

@@ -31,7 +31,7 @@ import redis
 from django_cogworker.client import enqueue_many
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs
-from tests.conftest import CogEnv, cpu_seconds, kill, wait_for
+from tests.conftest import CogEnv, cpu_seconds, delete_sharded, kill, wait_for
 from tests.test_failover import Producer
 from tests.test_stall import SLOW_BEATS
 from tests.test_worker_logs import status
@@ -85,9 +85,7 @@ def sharded(cog: CogEnv, redis_cluster: ClusterGroup) -> Iterator[CogEnv]:  # no
     yield cog
     client = redis_cluster.client()
     try:
-        for pattern in (f"{{{namespace}}}*", f"{{{namespace}:*", f"{namespace}:*"):
-            for key in list(client.scan_iter(match=pattern, count=1000)):
-                client.delete(key)
+        delete_sharded(client, namespace)
     finally:
         client.close()
 

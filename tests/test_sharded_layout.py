@@ -28,7 +28,7 @@ from redis.crc import key_slot
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs
 from tests import slot_guard
-from tests.conftest import ROOT, CogEnv, cpu_seconds, wait_for
+from tests.conftest import ROOT, CogEnv, cpu_seconds, delete_sharded, wait_for
 
 GROUPS = {"mail": ["mail", "mail_bulk"]}
 
@@ -54,10 +54,7 @@ def sharded(cog: CogEnv, tmp_path: Path) -> Iterator[Path]:
         yield path
     finally:
         undo()
-        for pattern in (f"{{{namespace}}}*", f"{{{namespace}:*"):
-            found = list(cog.redis.scan_iter(match=pattern, count=1000))
-            if found:
-                cog.redis.delete(*found)
+        delete_sharded(cog.redis, namespace)
 
 
 def start(cog: CogEnv, tmp_path: Path, path: Path, queues: list[str], **overrides: Any) -> Any:

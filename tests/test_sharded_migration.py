@@ -27,7 +27,7 @@ from django_cogworker.keys import Keys, keys
 from django_cogworker.migrate_layout import Migration
 from django_cogworker.payload import encode
 from testproject.testapp import jobs
-from tests.conftest import MANAGE, ROOT, CogEnv, cpu_seconds, manage_env, wait_for
+from tests.conftest import MANAGE, ROOT, CogEnv, cpu_seconds, delete_sharded, manage_env, wait_for
 
 GROUPS = {"mail": ["mail", "mail_bulk"]}
 #: Enough entries that the migrator is still moving them when it is killed.
@@ -42,10 +42,7 @@ def namespace(cog: CogEnv) -> Iterator[str]:
     cog.namespace = "{" + name + "}"
     cog.configure(NAMESPACE=cog.namespace)
     yield name
-    for pattern in (f"{{{name}}}*", f"{{{name}:*", f"{name}:*"):
-        found = list(cog.redis.scan_iter(match=pattern, count=1000))
-        if found:
-            cog.redis.delete(*found)
+    delete_sharded(cog.redis, name)
 
 
 def sharded(cog: CogEnv, name: str) -> Keys:
