@@ -314,7 +314,10 @@ def test_g11_sharded_a_master_sigkilled_stops_only_its_queues_and_loses_no_confi
         print(
             f"\n[sharded] {q}: {before} runs in the {window:.1f}s before the kill, {during} in the takeover"
         )
-        assert during >= 0.9 * before, (q, before, during)
+        # A stopped queue would run none. Quiet, the others ran more during
+        # the takeover than before (210 and 206 against 152 and 145); a CI
+        # machine loaded by other tests measured 65%: at least half here.
+        assert during >= 0.5 * before, (q, before, during)
     promoted = f"promoted in {promoted_in:.1f}s"
     print(f"[sharded] {placed[victim]}: master killed, {promoted}; {len(confirmed)} confirmed jobs all ran")
 
