@@ -309,6 +309,10 @@ def _queue_writes(
             by_set.setdefault(k.for_payload(p).schedule, {})[raw] = at
         for zset, entries in by_set.items():
             pipe.zadd(zset, entries)
+        if k.sharded:
+            # The views find a group's sets through the queues Redis knows
+            # of (shards.known_groups): one with only jobs for later too.
+            pipe.sadd(k.queues, *{p["queue"] for p in payloads})
         return list(by_set)
     by_queue: dict[str, list[bytes]] = {}
     for p, raw in zip(payloads, encode_many(payloads), strict=True):

@@ -72,6 +72,9 @@ class Keys:
 
     def _per_group(self, g: str) -> None:
         """The keys of one queue group (``g`` is its tag under ``SHARDING``)."""
+        #: What every key of the group starts with: the namespace without
+        #: SHARDING (one group), ``{N:<group>}`` with it.
+        self.tag = g
         self.queue_prefix = f"{g}:queue:"
         self.schedule = f"{g}:schedule"
         self.retry = f"{g}:retry"

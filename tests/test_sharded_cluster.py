@@ -2,15 +2,15 @@
 masters, each with a replica.
 
 This release refuses ``SHARDING = "queues"`` (E035): a worker serves the
-queues of one group, and the admin's set pages do not yet merge the
-groups. What is there runs here, workers started with ``--skip-checks``:
+queues of one group. What is there runs here, workers started with ``--skip-checks``:
 queues spread over the masters (their share of the commands), each script
 call in one slot (a cluster refuses any other), a dead worker's jobs
 recovered by the decision of its group's master alone, a stalled master
 that takes no live process for dead and stops only its own queues, a
 stalled shared slot that stops none, a master SIGKILLed that stops only
 its queues and loses no confirmed job, a confirmed push that waits on each
-master it wrote to, and ``cogworker_status`` summing the groups.
+master it wrote to, ``cogworker_status`` summing the groups, and the set
+pages' merge of the groups' sets with a move on each entry's own master.
 """
 
 from __future__ import annotations
@@ -373,3 +373,35 @@ def test_g16_sharded_status_sums_the_groups_and_names_each_groups_slot_and_maste
     code, out, _ = status(cog, "--shards")
     assert "shards: 3 group(s) on 3 of 3 masters" in out, out
     assert "hold no queue" not in out, out
+
+
+def test_g16_sharded_set_pages_merge_the_groups_of_three_masters_and_act_on_each(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    """The API's sets (what the admin's pages list) over three groups on
+    three masters: one size, one order by score, and each move a script on
+    its entry's own master (a cluster refuses any call across slots)."""
+    from django_cogworker import api
+    from django_cogworker.api import records
+
+    cog = sharded
+    placed = [names[0] for names in queues_per_master(redis_cluster, cog.namespace, 1).values()]
+    for i in range(30):
+        q = placed[i % 3]
+        jobs.fail.set(queue=q).delay_in(3600 + i // 2, f"{q}-{i}")  # ties across groups
+    scheduled = api.ScheduledSet()
+    # Queues no setting names: known from the producer's registration.
+    assert {g.tag for g in scheduled.groups} >= {f"{{{cog.namespace}:{q}}}" for q in placed}
+    assert scheduled.size == 30
+    order = [(r.score, r.entry) for r in scheduled]
+    assert order == sorted(order) and len(order) == 30
+    assert [r.entry for r in scheduled.page(12, 6)] == [e for _, e in order[12:18]]
+    k = get_keys()
+    first = scheduled.find(json.loads(order[0][1])["jid"])
+    assert first.kill() is True and api.DeadSet().size == 1
+    assert first.source == k.for_queue(first.queue).schedule
+    assert records.bulk(api.ScheduledSet(), "retry") == 29
+    assert sorted(cog.redis.llen(k.queue(q)) for q in placed) == [9, 10, 10]
+    assert all(cog.redis.sismember(k.queues, q) for q in placed)
+    assert api.DeadSet().clear() == 1 and api.DeadSet().size == 0

@@ -1,16 +1,17 @@
 """The sharded key layout (SPEC section 16) on one plain server.
 
 This release refuses ``SHARDING = "queues"`` (E035): a worker serves the
-queues of one group, and the admin, the API, limits and workflows do not
-yet span groups. What it has is the layout and the seam every key goes
-through (``keys.py``). These tests run workers with sharding on against one
-plain redis-server (``--skip-checks``, which also lets the URL name no
-cluster), so that a key built outside the seam fails: the shared keys
-refuse to name a group's key. They check that jobs run exactly as without
-sharding, that every key lands under ``{N}`` or its group's ``{N:<g>}``,
-and, with the slot guard, that no script call mixes slots. The same
-workers on a real cluster, which refuses any call across slots, recovery
-and failover included: ``tests/test_sharded_cluster.py``.
+queues of one group, and limits and workflows do not yet span groups (the
+admin's and the API's merged views: ``tests/test_sharded_views.py``). What
+it has is the layout and the seam every key goes through (``keys.py``).
+These tests run workers with sharding on against one plain redis-server
+(``--skip-checks``, which also lets the URL name no cluster), so that a key
+built outside the seam fails: the shared keys refuse to name a group's key.
+They check that jobs run exactly as without sharding, that every key lands
+under ``{N}`` or its group's ``{N:<g>}``, and, with the slot guard, that no
+script call mixes slots. The same workers on a real cluster, which refuses
+any call across slots, recovery and failover included:
+``tests/test_sharded_cluster.py``.
 """
 
 from __future__ import annotations

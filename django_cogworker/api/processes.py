@@ -33,10 +33,12 @@ from django_cogworker.api.parsing import (
     set_names,
 )
 from django_cogworker.api.records import JobRecord
+from django_cogworker.api.sets import each_key
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.payload import Payload
+from django_cogworker.shards import known_groups
 from django_cogworker.summaries import args_preview, summary_field
 
 #: How long an unread signal waits for its process (s).
@@ -234,32 +236,47 @@ class InProgress:
 
     def __init__(self, identity: str) -> None:
         self.identity = identity
-        self.key = get_keys().inprogress(identity)
+        keys = get_keys()
+        # Under SHARDING its list is in the group it serves: each is looked at.
+        self.key = (
+            f"{{{keys.namespace}:*}}:inprogress:{identity}" if keys.sharded else keys.inprogress(identity)
+        )
+        self._lists = None if keys.sharded else [self.key]
 
     def __repr__(self) -> str:
         return f"<InProgress {self.identity}>"
 
     @property
+    def lists(self) -> list[str]:
+        if self._lists is None:
+            with redis_boundary("read the queue groups"):
+                self._lists = [g.inprogress(self.identity) for g in known_groups(get_redis(), get_keys())]
+        return self._lists
+
+    @property
     @redis_boundary("read a process's in-progress jobs")
     def size(self) -> int:
-        return int(get_redis().llen(self.key))
+        return sum(each_key(get_redis(), "llen", self.lists))
+
+    def _entries(self) -> Iterator[tuple[str, bytes]]:
+        for key in self.lists:
+            with redis_boundary("read a process's in-progress jobs"):
+                raws = get_redis().lrange(key, 0, -1)
+            yield from ((key, raw) for raw in raws)
 
     def __iter__(self) -> Iterator[JobRecord]:
-        with redis_boundary("read a process's in-progress jobs"):
-            raws = get_redis().lrange(self.key, 0, -1)
-        for raw in raws:
-            yield JobRecord(raw, source=self.key, kind="inprogress")
+        for key, raw in self._entries():
+            yield JobRecord(raw, source=key, kind="inprogress")
 
-    @redis_boundary("find a running job")
     def find(self, jid: str) -> JobRecord | None:
         """The job with this jid, or None (finished, or never here)."""
-        for raw in get_redis().lrange(self.key, 0, -1):
+        for key, raw in self._entries():
             # Most entries are settled from the bytes: a large payload is
             # parsed only when it is likely the one.
             found = field_text(raw, "jid")
             if found is not None and not _names(found, jid):
                 continue
-            record = JobRecord(raw, source=self.key, kind="inprogress")
+            record = JobRecord(raw, source=key, kind="inprogress")
             if _names(record.jid, jid):
                 return record
         return None

@@ -28,6 +28,7 @@ from django_cogworker.conf import DEFAULT_QUEUE, get_config
 from django_cogworker.connection import get_keys, get_redis, is_cluster
 from django_cogworker.errors import BadPayload, redis_boundary
 from django_cogworker.escaping import storable
+from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode_stored, parse, text
 from django_cogworker.scripts import script
 from django_cogworker.workflows import effects
@@ -62,9 +63,13 @@ class JobRecord:
         score: float | None = None,
         payload_raw: bytes | None = None,
         target_set: str | None = None,
+        home: Keys | None = None,
     ) -> None:
         self._raw = raw  # the entry exactly as stored (needed to move it)
         self.source = source  # the Redis key it is in
+        #: The keys of the queue group ``source`` belongs to (SPEC section
+        #: 16): where a kill sends it. Without SHARDING, the one layout.
+        self.home = home if home is not None else get_keys()
         self.kind = kind  # "queue", "zset", "unsettled", or "inprogress" (running: no actions)
         self.score = score
         self.target_set = target_set  # unsettled: where it should be filed
@@ -161,20 +166,19 @@ class JobRecord:
     def _move_call(
         self, destination: str, payload: bytes, to_kind: str, where: str | float, move: str | None = None
     ) -> MoveCall:
-        k = get_keys()
+        k = self.home
         source_kind = "zset" if self.kind == "zset" else "list"
         # A batch's member moves in its batch in the same step (SPEC 13).
         extra = effects.moved(k, get_config(), self.payload, move) if move else ([], [])
         return (
-            [self.source, destination, k.queues, *extra[0]],
+            [self.source, destination, k.moved_to, *extra[0]],
             [self._raw, payload, source_kind, to_kind, str(where), *extra[1]],
         )
 
     def _delete_call(self) -> MoveCall | None:
         """A batch's member deleted counts as dead in its batch: through
         ``move.lua``, moved nowhere. None for any other entry."""
-        k = get_keys()
-        if self.kind == "inprogress" or (self.kind == "zset" and self.source == k.dead):
+        if self.kind == "inprogress" or (self.kind == "zset" and self.source == self.home.dead):
             return None
         if not effects.levels(self.payload):
             return None
@@ -189,11 +193,11 @@ class JobRecord:
         queue = storable(queue) if isinstance(queue, str) and queue else DEFAULT_QUEUE
         payload["enqueued_at"] = time.time()
         data = encode_stored(payload) if "job" in payload else self.payload_raw
-        revived = effects.REVIVED if self.kind == "zset" and self.source == get_keys().dead else None
+        revived = effects.REVIVED if self.kind == "zset" and self.source == self.home.dead else None
         return self._move_call(get_keys().queue(queue), data, "queue", queue, revived)
 
     def _kill_call(self) -> MoveCall | None:
-        k = get_keys()
+        k = self.home
         if self.kind == "inprogress" or (self.kind == "zset" and self.source == k.dead):
             return None
         payload = dict(self.payload)
@@ -204,6 +208,12 @@ class JobRecord:
 
     def _call(self, action: str) -> MoveCall | None:
         return self._retry_call() if action == "retry" else self._kill_call()
+
+    def _across(self, call: MoveCall) -> bool:
+        """Whether ``call`` moves the entry into another queue group's slot
+        (a payload naming a queue of another group: pushed by hand, or
+        ``QUEUE_GROUPS`` changed since), which no one script can do."""
+        return self.home.sharded and not call[0][1].startswith(self.home.tag)
 
     def _queue_action(self, pipe: Any, action: str) -> bool:
         """Adds ``action`` on this entry to a pipeline; False if it does not apply."""
@@ -225,17 +235,39 @@ class JobRecord:
         script("move").queue(pipe, *call)
         return True
 
+    def _move(self, call: MoveCall | None) -> bool:
+        if call is None:
+            return False
+        client = get_redis()
+        if self._across(call):
+            return self._move_across(client, call)
+        moved = bool(script("move")(client, *call))
+        if moved and self.home.sharded and call[1][3] == "queue":
+            client.sadd(get_keys().queues, call[1][4])  # the shared registry, in the {N} slot
+        return moved
+
+    def _move_across(self, client: Any, call: MoveCall) -> bool:
+        """A retry into another group's queue, in two steps as two slots
+        need: written there first, then removed here (a crash between
+        leaves a second copy, never none), and taken back if someone else
+        moved the entry first."""
+        (source, destination, *_), (raw, data, _, _, queue, *_) = call
+        client.lpush(destination, data)
+        client.sadd(get_keys().queues, queue)
+        removed = client.zrem(source, raw) if self.kind == "zset" else client.lrem(source, 1, raw)
+        if not removed:
+            client.lrem(destination, 1, data)
+        return bool(removed)
+
     @redis_boundary("retry a job")
     def retry(self) -> bool:
         """Back on its queue now (from schedule, retry, dead or unsettled)."""
-        call = self._retry_call()
-        return call is not None and bool(script("move")(get_redis(), *call))
+        return self._move(self._retry_call())
 
     @redis_boundary("kill a job")
     def kill(self) -> bool:
         """To the dead set now."""
-        call = self._kill_call()
-        return call is not None and bool(script("move")(get_redis(), *call))
+        return self._move(self._kill_call())
 
     @redis_boundary("delete a job")
     def delete(self) -> bool:
@@ -264,8 +296,9 @@ def bulk(records: Iterable[JobRecord], action: str) -> int:
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
     client = get_redis()
-    if is_cluster(client):
-        # redis-py's cluster pipeline refuses EVALSHA: one call per entry.
+    if is_cluster(client) or get_keys().sharded:
+        # redis-py's cluster pipeline refuses EVALSHA, and under SHARDING a
+        # move may span two slots: one call per entry.
         return sum(1 for r in records if r.apply(action))
     script("move").ensure_loaded(client)
     done = 0

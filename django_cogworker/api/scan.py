@@ -34,9 +34,11 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-#: A match as scanned: (score, the entry as stored). The set's own order is
-#: this tuple's (Redis orders equal scores by the entry's bytes).
-Entry = tuple[float, bytes]
+#: A match as scanned: (score, the entry as stored, which of the set's keys
+#: holds it: one key without SHARDING, one per queue group with it). The
+#: set's own order is this tuple's (Redis orders equal scores by the
+#: entry's bytes).
+Entry = tuple[float, bytes, int]
 
 #: Entries ZSCAN examines per call: 200 round trips for 200,000 entries,
 #: each blocking Redis for a few milliseconds only.

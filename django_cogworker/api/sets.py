@@ -14,22 +14,44 @@ implements it on a list. Redis errors reach the caller as ``CogworkerError``
 from __future__ import annotations
 
 import abc
+import heapq
+import itertools
 import json
 import math
 from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 from django_cogworker.api.parsing import glob_escape, quick_match
-from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
-from django_cogworker.api.scan import SCAN_COUNT, match_pattern, select_page
+from django_cogworker.api.records import ITERATION_BATCH, MAX_OFFSET, PAGE_SIZE, JobRecord, paged
+from django_cogworker.api.scan import SCAN_COUNT, Entry, match_pattern, select_page
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
+from django_cogworker.keys import Keys
+from django_cogworker.shards import known_groups
 
 
 class JobSet(abc.ABC):
     """A set of stored jobs the admin lists, filters and acts on."""
 
     key: str
+    _groups: list[Keys] | None = None
+
+    def _spread(self, key_name: str) -> None:
+        """Its key: without SHARDING the one; with it, one per queue group
+        (SPEC section 16), found when first needed, as which groups there
+        are is read from Redis."""
+        keys = get_keys()
+        self._groups = None if keys.sharded else [keys]
+        self.key = f"{{{keys.namespace}:*}}:{key_name}" if keys.sharded else getattr(keys, key_name)
+
+    @property
+    def groups(self) -> list[Keys]:
+        """The keys of each queue group whose entries this set merges."""
+        if self._groups is None:
+            with redis_boundary("read the queue groups"):
+                self._groups = known_groups(get_redis(), get_keys())
+        return self._groups
 
     @property
     @abc.abstractmethod
@@ -91,48 +113,77 @@ class SortedSet(JobSet):
     newest_first = False
 
     def __init__(self) -> None:
-        self.key = getattr(get_keys(), self.key_name)
+        self._spread(self.key_name)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key}>"
 
+    def _key(self, i: int) -> str:
+        return str(getattr(self.groups[i], self.key_name))
+
     @property
     @redis_boundary("read a job set's size")
     def size(self) -> int:
-        return int(get_redis().zcard(self.key))
+        return sum(each_key(get_redis(), "zcard", [self._key(i) for i in range(len(self.groups))]))
 
-    def _record(self, raw: bytes, score: float) -> JobRecord:
-        return JobRecord(raw, source=self.key, kind="zset", score=float(score))
+    def _record(self, raw: bytes, score: float, i: int = 0) -> JobRecord:
+        return JobRecord(raw, source=self._key(i), kind="zset", score=float(score), home=self.groups[i])
 
     @redis_boundary("read a job set")
     def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
         if offset + limit > MAX_OFFSET:
             return []
+        if len(self.groups) > 1:
+            return list(itertools.islice(self._merged(), offset, offset + limit))
         client = get_redis()
         fn = client.zrevrange if self.newest_first else client.zrange
         return [self._record(r, s) for r, s in fn(self.key, offset, offset + limit - 1, withscores=True)]
 
+    def _stream(self, i: int) -> Iterator[Entry]:
+        """Group ``i``'s set in order, ``ITERATION_BATCH`` entries per call."""
+        client = get_redis()
+        fn = client.zrevrange if self.newest_first else client.zrange
+        start = 0
+        while True:
+            batch = fn(self._key(i), start, start + ITERATION_BATCH - 1, withscores=True)
+            yield from ((float(score), raw, i) for raw, score in batch)
+            if len(batch) < ITERATION_BATCH:
+                return
+            start += ITERATION_BATCH
+
+    def _merged(self) -> Iterator[JobRecord]:
+        """Every group's set merged in the set's order (SPEC section 16): a
+        page at ``offset`` reads about ``offset`` entries in all, not per group."""
+        streams = [self._stream(i) for i in range(len(self.groups))]
+        for score, raw, i in heapq.merge(*streams, reverse=self.newest_first):
+            yield self._record(raw, score, i)
+
     def __iter__(self) -> Iterator[JobRecord]:
-        return paged(self.page)
+        if len(self.groups) == 1:
+            return paged(self.page)
+        return _bounded("read a job set", self._merged())
 
     def _matches(
         self, name: str | None, queue: str | None, search: str | None, bid: str | None, *, exact: bool
-    ) -> Iterator[tuple[float, bytes]]:
-        """(score, entry) of the entries that match, in ZSCAN's order: one
-        pass. ZSCAN's pattern (``scan.match_pattern``) narrows them on the
-        server; ``quick_match`` settles most of the rest from the bytes
-        without parsing, unless ``exact`` (then each one it does not rule
-        out is parsed and decided on its fields)."""
+    ) -> Iterator[Entry]:
+        """(score, entry, group) of the entries that match, in ZSCAN's order:
+        one pass over each group's set. ZSCAN's pattern
+        (``scan.match_pattern``) narrows them on the server; ``quick_match``
+        settles most of the rest from the bytes without parsing, unless
+        ``exact`` (then each one it does not rule out is parsed and decided
+        on its fields)."""
         pattern = match_pattern(name, queue, search, bid)
-        for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=SCAN_COUNT):
-            quick = quick_match(raw, name=name, queue=queue, search=search, bid=bid)
-            if quick is False:
-                continue
-            if (quick is None or exact) and not self._record(raw, score).matches(
-                name=name, queue=queue, search=search, bid=bid
-            ):
-                continue
-            yield float(score), raw
+        client = get_redis()
+        for i in range(len(self.groups)):
+            for raw, score in client.zscan_iter(self._key(i), match=pattern, count=SCAN_COUNT):
+                quick = quick_match(raw, name=name, queue=queue, search=search, bid=bid)
+                if quick is False:
+                    continue
+                if (quick is None or exact) and not self._record(raw, score, i).matches(
+                    name=name, queue=queue, search=search, bid=bid
+                ):
+                    continue
+                yield float(score), raw, i
 
     @redis_boundary("search a job set")
     def filter(
@@ -151,13 +202,13 @@ class SortedSet(JobSet):
         if limit is None:
             # Ties broken by the entry, as Redis orders equal scores.
             entries = sorted(self._matches(name, queue, search, bid, exact=False), reverse=self.newest_first)
-            records = (self._record(raw, score) for score, raw in entries)
+            records = (self._record(raw, score, i) for score, raw, i in entries)
             return [r for r in records if r.matches(name=name, queue=queue, search=search, bid=bid)]
         matches = self._matches(name, queue, search, bid, exact=True)
         _, _, entries = select_page(
             matches, offset=0, limit=limit, descending=self.newest_first, size=self.size
         )
-        return [self._record(raw, score) for score, raw in entries]
+        return [self._record(raw, score, i) for score, raw, i in entries]
 
     @redis_boundary("search a job set")
     def filter_page(
@@ -186,16 +237,17 @@ class SortedSet(JobSet):
             size=self.size,
             or_last=or_last,
         )
-        page = [self._record(raw, score) for score, raw in entries]
+        page = [self._record(raw, score, i) for score, raw, i in entries]
         return count, [r for r in page if r.matches(name=name, queue=queue, search=search, bid=bid)]
 
     @redis_boundary("find a job")
     def find(self, jid: str) -> JobRecord | None:
         pattern = f'*"jid":{glob_escape(json.dumps(jid))}*'
-        for raw, score in get_redis().zscan_iter(self.key, match=pattern, count=1000):
-            record = self._record(raw, score)
-            if record.jid == jid:
-                return record
+        for i in range(len(self.groups)):
+            for raw, score in get_redis().zscan_iter(self._key(i), match=pattern, count=1000):
+                record = self._record(raw, score, i)
+                if record.jid == jid:
+                    return record
         return None
 
     @redis_boundary("find a job")
@@ -210,18 +262,16 @@ class SortedSet(JobSet):
         if not sep or math.isnan(score):
             return None
         bound = repr(score)
-        for raw, s in get_redis().zrangebyscore(self.key, bound, bound, withscores=True):
-            record = self._record(raw, s)
-            if storable(record.jid) == jid and record.digest.startswith(digest):
-                return record
+        for i in range(len(self.groups)):
+            for raw, s in get_redis().zrangebyscore(self._key(i), bound, bound, withscores=True):
+                record = self._record(raw, s, i)
+                if storable(record.jid) == jid and record.digest.startswith(digest):
+                    return record
         return None
 
     @redis_boundary("clear a job set")
     def clear(self) -> int:
-        pipe = get_redis().pipeline(transaction=True)
-        pipe.zcard(self.key)
-        pipe.delete(self.key)
-        return int(pipe.execute()[0])
+        return sum(take_all(get_redis(), "zcard", self._key(i)) for i in range(len(self.groups)))
 
     def job_names(self) -> list[str]:
         return sorted({r.name for r in self})
@@ -238,3 +288,32 @@ class RetrySet(SortedSet):
 class DeadSet(SortedSet):
     key_name = "dead"
     newest_first = True
+
+
+_T = TypeVar("_T")
+
+
+def each_key(client: Any, command: str, keys: list[str]) -> list[int]:
+    """``command`` (a count: ZCARD, LLEN) on each key, in one round trip
+    (per master on a cluster): a merged set's size."""
+    if len(keys) == 1:
+        return [int(getattr(client, command)(keys[0]))]
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        getattr(pipe, command)(key)
+    return [int(n) for n in pipe.execute()]
+
+
+def take_all(client: Any, count: str, key: str) -> int:
+    """Deletes ``key`` and returns how many entries it held (``count``:
+    ZCARD, LLEN), in one MULTI: an entry added meanwhile is counted."""
+    pipe = client.pipeline(transaction=True)
+    getattr(pipe, count)(key)
+    pipe.delete(key)
+    return int(pipe.execute()[0])
+
+
+def _bounded(doing: str, items: Iterator[_T]) -> Iterator[_T]:
+    """``items``, with the Redis errors of reading them as ``CogworkerError``."""
+    with redis_boundary(doing):
+        yield from items

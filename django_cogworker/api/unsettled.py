@@ -9,37 +9,40 @@ its score; filtering reads the list whole. Redis errors reach the caller as
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator
 
 from django_cogworker.api.parsing import loads_object
 from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord
 from django_cogworker.api.scan import last_page_offset
-from django_cogworker.api.sets import JobSet
-from django_cogworker.connection import get_keys, get_redis
+from django_cogworker.api.sets import JobSet, each_key, take_all
+from django_cogworker.connection import get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import utf8
+from django_cogworker.keys import Keys
 
 
 class UnsettledSet(JobSet):
     """Failed jobs a stopping process could not file; any live process files them."""
 
     def __init__(self) -> None:
-        self.key = get_keys().unsettled
+        self._spread("unsettled")  # under SHARDING one list per group, read one after the other
 
     @property
     @redis_boundary("read the unsettled jobs")
     def size(self) -> int:
-        return int(get_redis().llen(self.key))
+        return sum(each_key(get_redis(), "llen", [g.unsettled for g in self.groups]))
 
-    def _record(self, raw: bytes) -> JobRecord:
+    def _record(self, raw: bytes, home: Keys) -> JobRecord:
         entry = loads_object(raw) or {}
         payload = entry.get("payload")
         payload_raw = utf8(payload) if isinstance(payload, str) else raw
         score = entry.get("score")
         return JobRecord(
             raw,
-            source=self.key,
+            source=home.unsettled,
+            home=home,
             kind="unsettled",
             payload_raw=payload_raw,
             score=float(score) if isinstance(score, int | float) else None,
@@ -50,13 +53,17 @@ class UnsettledSet(JobSet):
     def page(self, offset: int = 0, limit: int = PAGE_SIZE) -> list[JobRecord]:
         if offset + limit > MAX_OFFSET:
             return []
-        return [self._record(r) for r in get_redis().lrange(self.key, offset, offset + limit - 1)]
+        if len(self.groups) > 1:
+            return list(itertools.islice(self, offset, offset + limit))
+        home = self.groups[0]
+        return [self._record(r, home) for r in get_redis().lrange(home.unsettled, offset, offset + limit - 1)]
 
     def __iter__(self) -> Iterator[JobRecord]:
-        with redis_boundary("read the unsettled jobs"):
-            raws = get_redis().lrange(self.key, 0, -1)
-        for raw in raws:
-            yield self._record(raw)
+        for home in self.groups:
+            with redis_boundary("read the unsettled jobs"):
+                raws = get_redis().lrange(home.unsettled, 0, -1)
+            for raw in raws:
+                yield self._record(raw, home)
 
     def filter(
         self,
@@ -113,7 +120,4 @@ class UnsettledSet(JobSet):
 
     @redis_boundary("clear the unsettled jobs")
     def clear(self) -> int:
-        pipe = get_redis().pipeline(transaction=True)
-        pipe.llen(self.key)
-        pipe.delete(self.key)
-        return int(pipe.execute()[0])
+        return sum(take_all(get_redis(), "llen", g.unsettled) for g in self.groups)
