@@ -218,6 +218,8 @@ async def apush(
     with _CancelledOnFailure(chain, payloads), redis_boundary("enqueue", refused=EnqueueRefused):
         k = get_keys()
         async with async_redis() as conn:
+            if apart := _register_apart(k, payloads, also):
+                await conn.sadd(k.queues, *apart)
             async with conn.pipeline(transaction=also is not None) as pipe:
                 _queue_writes(pipe, k, payloads, at, also)
                 await pipe.execute()
@@ -267,6 +269,8 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
                 if not direct.lpush(client, key, raw):
                     client.lpush(key, raw)
                 return
+        if apart := _register_apart(k, payloads, also):
+            client.sadd(k.queues, *apart)
         pipe = client.pipeline(transaction=also is not None)
         written = _queue_writes(pipe, k, payloads, at, also)
         waits = 0
@@ -309,7 +313,7 @@ def _queue_writes(
             by_set.setdefault(k.for_payload(p).schedule, {})[raw] = at
         for zset, entries in by_set.items():
             pipe.zadd(zset, entries)
-        if k.sharded:
+        if k.sharded and also is None:
             # The views find a group's sets through the queues Redis knows
             # of (shards.known_groups): one with only jobs for later too.
             pipe.sadd(k.queues, *{p["queue"] for p in payloads})
@@ -318,9 +322,19 @@ def _queue_writes(
     for p, raw in zip(payloads, encode_many(payloads), strict=True):
         by_queue.setdefault(p["queue"], []).append(raw)
     for queue, raws in by_queue.items():
-        pipe.sadd(k.queues, queue)
+        if not (k.sharded and also is not None):
+            pipe.sadd(k.queues, queue)
         pipe.lpush(k.queue(queue), *raws)
     return [k.queue(queue) for queue in by_queue]
+
+
+def _register_apart(k: Keys, payloads: list[Payload], also: Also | None) -> tuple[str, ...]:
+    """The queues to add to ``N:queues`` before a MULTI under SHARDING:
+    the registry is in the ``{N}`` slot, the push in its group's, and one
+    MULTI holds one slot (the Tasks record is in the group too)."""
+    if not (k.sharded and also is not None):
+        return ()
+    return tuple({str(p["queue"]) for p in payloads})
 
 
 def _registered_now(k: Keys, payloads: list[Payload], at: float | None) -> None:

@@ -47,7 +47,6 @@ class Keys:
         self.stat_expired_jobs = f"{n}:stat:expired:jobs"
         self.recovery_report = f"{n}:recovery"
         self.periodic_last = f"{n}:periodic:last"
-        self.results_prefix = f"{n}:result:"
         self.metrics_prefix = f"{n}:metrics:"
         self.metrics_totals = f"{n}:metrics:totals"
         self.deploy_marks = f"{n}:metrics:marks"
@@ -88,6 +87,9 @@ class Keys:
         self.periodic_running_prefix = f"{g}:periodic:running:"
         self.periodic_slot_prefix = f"{g}:periodic:slot:"
         self.replicated = f"{g}:replicated"
+        #: The Tasks backend's result records: in the job's group, so that
+        #: a record and its push share one MULTI.
+        self.results_prefix = f"{g}:result:"
         self.clearing_prefix = f"{g}:clearing:"
         self.limit_waiting_prefix = f"{g}:limit:"
         self.process_prefix = f"{g}:process:"

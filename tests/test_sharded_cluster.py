@@ -405,3 +405,34 @@ def test_g16_sharded_set_pages_merge_the_groups_of_three_masters_and_act_on_each
     assert sorted(cog.redis.llen(k.queue(q)) for q in placed) == [9, 10, 10]
     assert all(cog.redis.sismember(k.queues, q) for q in placed)
     assert api.DeadSet().clear() == 1 and api.DeadSet().size == 0
+
+
+def test_g16_sharded_a_tasks_result_lives_in_its_jobs_group_and_its_run_writes_it_there(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    """The Tasks backend's record and its job's push share one MULTI, which
+    a cluster takes in one slot only: the record is in the job's group."""
+    import asyncio
+
+    from django_cogworker.tasks.compat import TaskResultStatus, task_backends
+    from testproject.testapp import tasks
+
+    default_task_backend = task_backends["default"]
+
+    cog = sharded
+    k = get_keys()
+    done = [tasks.add.enqueue(2, 3), asyncio.run(tasks.add.aenqueue(4, 5))]
+    group = k.for_queue("default")
+    assert all(cog.redis.exists(group.result(r.id)) for r in done)
+    assert cog.redis.llen(k.queue("default")) == 2 and cog.redis.sismember(k.queues, "default")
+    worker = cog.start_worker("--skip-checks", QUEUES=["default"])
+    ready = TaskResultStatus.SUCCESSFUL
+    wait_for(
+        lambda: all(default_task_backend.get_result(r.id).status == ready for r in done),
+        STALL_S,
+        "both tasks to run and write their result in their group",
+        progress=lambda: cpu_seconds(worker.pid),
+    )
+    assert [default_task_backend.get_result(r.id).return_value for r in done] == [5, 9]
+    assert asyncio.run(default_task_backend.aget_result(done[1].id)).return_value == 9

@@ -29,7 +29,9 @@ from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, get_keys, get_redis
 from django_cogworker.errors import CogworkerError, ConfigurationError
 from django_cogworker.job import is_retry
+from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload
+from django_cogworker.shards import known_groups
 from django_cogworker.tasks import runner
 from django_cogworker.tasks.compat import (
     DEFAULT_TASK_PRIORITY,
@@ -207,7 +209,7 @@ class CogworkerBackend(BaseTaskBackend):
         )
 
     def _key(self, prepared: Prepared) -> str:
-        return get_keys().result(prepared.result.id)
+        return get_keys().for_payload(prepared.payload).result(prepared.result.id)
 
     def _record_write(self, prepared: Prepared) -> client.Also:
         """The record's SET, queued before the payload in the push's MULTI: a
@@ -225,12 +227,13 @@ class CogworkerBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult:
         if not isinstance(result_id, str) or not result_id:
             raise TaskResultDoesNotExist(result_id)
-        return self._result(result_id, get_redis().get(get_keys().result(result_id)))
+        return self._result(result_id, _stored(get_redis(), get_keys(), result_id))
 
     async def aget_result(self, result_id: str) -> TaskResult:
         if not isinstance(result_id, str) or not result_id:
             raise TaskResultDoesNotExist(result_id)
-        if get_config().cache_alias:
+        if get_config().cache_alias or get_keys().sharded:
+            # django-redis is synchronous; so is the look over the groups.
             return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
         async with async_redis() as conn:
             raw = await conn.get(get_keys().result(result_id))
@@ -323,3 +326,15 @@ def _with_framework_wording(ours: TypeError, args: Any, kwargs: Any) -> str:
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
+
+
+def _stored(client: Any, keys: Keys, result_id: str) -> Any:
+    """A result's record as stored, or None. Under SHARDING it is in the
+    group of its job's queue, which the id does not name: each group's key
+    is read, in one pipeline (a round trip per master)."""
+    if not keys.sharded:
+        return client.get(keys.result(result_id))
+    pipe = client.pipeline(transaction=False)
+    for group in known_groups(client, keys):
+        pipe.get(group.result(result_id))
+    return next((raw for raw in pipe.execute() if raw is not None), None)

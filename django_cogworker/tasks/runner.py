@@ -206,7 +206,7 @@ def _start(name: str, args: list[Any], kwargs: dict[str, Any], find_owner: FindO
     if ctx is None:
         raise RuntimeError(f"{name} runs only inside a cogworker job; call the task function to run it here")
     task = _tasks[name]
-    client, key = get_redis(), get_keys().result(ctx.jid)
+    client, key = get_redis(), get_keys().for_queue(ctx.queue).result(ctx.jid)
     now = time.time()
     record = _record_for_run(client, key, ctx.jid, ctx.queue, task, args, kwargs, now)
     owner = find_owner(record.get("backend"), task)
@@ -273,7 +273,7 @@ def exhausted(payload: Payload, exc: BaseException, find_owner: FindOwner) -> No
     """``on_exhausted`` of every task job: the result becomes ``FAILED``."""
     jid = str(payload.get("jid") or "")
     task = _tasks.get(str(payload.get("job")))
-    client, k = get_redis(), get_keys()
+    client, k = get_redis(), get_keys().for_payload(payload)
     raw = client.get(k.result(jid))
     try:
         record = loads(raw) if raw is not None else None
