@@ -71,7 +71,7 @@ class Launcher:
         identity: str | None = None,
     ) -> None:
         self.config = config
-        self.process = process = open_process(config, identity or new_identity(), tag)
+        self.process = process = open_process(config, identity or new_identity(), tag, queues)
         self.identity = process.identity
         self.signals: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.background: list[threading.Thread] = []  # heartbeat, poller, ticker, housekeeper

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from django_cogworker.conf import Config
+from django_cogworker.conf import Config, QueueSpec
 from django_cogworker.connection import Client, get_keys, get_redis, memory
 from django_cogworker.errors import ConfigurationError
 from django_cogworker.keys import Keys
@@ -84,29 +84,32 @@ class ProcessContext:
     registration: Registration = field(default_factory=Registration)
 
 
-def served_keys(config: Config) -> Keys:
-    """The keys a worker of ``config.queues`` works with: under ``SHARDING``,
-    those of the one queue group its queues are in (its in-progress list,
-    sets and beats live under that group's tag)."""
+def served_keys(config: Config, queues: tuple[QueueSpec, ...] | None = None) -> Keys:
+    """The keys a worker of ``queues`` (``--queue``, else ``config.queues``)
+    works with: under ``SHARDING``, those of the one queue group its queues
+    are in (its in-progress list, sets and beats live under that group's tag)."""
     keys = get_keys()
     if not keys.sharded:
         return keys
-    groups = sorted({keys.group_of(q.name) for q in config.queues})
+    groups = sorted({keys.group_of(q.name) for q in queues or config.queues})
     if len(groups) != 1:
         raise ConfigurationError(
-            f"Under SHARDING a worker serves the queues of one group, and these are in {len(groups)}: "
-            f"{', '.join(map(repr, groups))}. Start a worker per group (-q), or list them in one "
-            "QUEUE_GROUPS entry."
+            f"Under SHARDING a worker process serves the queues of one group, and these are in "
+            f"{len(groups)}: {', '.join(map(repr, groups))}. Start it with manage.py cogworker, "
+            "which runs a process per group, or list them in one QUEUE_GROUPS entry."
         )
     return keys.group(groups[0])
 
 
-def open_process(config: Config, identity: str, tag: str = "") -> ProcessContext:
-    """The context of a worker process on the current settings' Redis."""
+def open_process(
+    config: Config, identity: str, tag: str = "", queues: tuple[QueueSpec, ...] | None = None
+) -> ProcessContext:
+    """The context of a worker process of ``queues`` (default: the
+    settings') on the current settings' Redis."""
     client = get_redis()
     return ProcessContext(
         client=client,
-        keys=served_keys(config),
+        keys=served_keys(config, queues),
         config=config,
         identity=identity,
         tag=tag,

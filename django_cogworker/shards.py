@@ -21,7 +21,7 @@ import redis
 from redis.crc import key_slot
 
 from django_cogworker import registry
-from django_cogworker.conf import get_config
+from django_cogworker.conf import QueueSpec, get_config
 from django_cogworker.connection import describe, is_cluster
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
@@ -65,6 +65,41 @@ class Spread:
             "masters": self.masters,
             "idle_masters": self.idle_masters,
         }
+
+
+@dataclass(frozen=True)
+class GroupShare:
+    """What one worker process of a worker spanning queue groups serves."""
+
+    group: str
+    #: The worker's queues of this group, in their order, with their weights.
+    queues: tuple[QueueSpec, ...]
+    #: Its threads: the worker's, shared by the groups' weights.
+    concurrency: int
+
+    def args(self) -> list[str]:
+        """The ``cogworker`` arguments that start this process."""
+        spec = [f"{q.name},{q.weight}" if q.weight else q.name for q in self.queues]
+        return [*(a for name in spec for a in ("-q", name)), "-c", str(self.concurrency)]
+
+
+def split(keys: Keys, queues: tuple[QueueSpec, ...], concurrency: int) -> list[GroupShare]:
+    """Under SHARDING, a worker whose queues span several queue groups runs
+    one process per group (each beats, fetches, acks and is judged on its
+    own group's master alone): each gets its group's queues and a share of
+    ``concurrency`` by the groups' weights (a queue's weight, 1 without
+    one), at least one thread. One share when the queues are in one group
+    (and always without SHARDING)."""
+    groups: dict[str, list[QueueSpec]] = {}
+    for queue in queues:
+        groups.setdefault(keys.group_of(queue.name), []).append(queue)
+    if len(groups) <= 1:
+        return [GroupShare(g, tuple(qs), concurrency) for g, qs in groups.items()]
+    weights = {g: sum(q.weight or 1 for q in qs) for g, qs in groups.items()}
+    total = sum(weights.values())
+    return [
+        GroupShare(g, tuple(qs), max(1, round(concurrency * weights[g] / total))) for g, qs in groups.items()
+    ]
 
 
 def known_groups(client: Any, keys: Keys) -> list[Keys]:

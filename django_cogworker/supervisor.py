@@ -78,11 +78,20 @@ class Child:
 
 class Supervisor:
     def __init__(
-        self, cpus: affinity.Plan, child_args: list[str], shutdown_timeout_s: float, *, reload: bool = False
+        self,
+        cpus: affinity.Plan,
+        child_args: list[str],
+        shutdown_timeout_s: float,
+        *,
+        reload: bool = False,
+        each: list[list[str]] | None = None,
     ) -> None:
         self.cpus = cpus  # one per child: its CPU, or None
         self.reload = reload
         self.child_args = child_args
+        #: Each child's own arguments after the shared ones: under SHARDING,
+        #: its queue group's queues and threads (``shards.split``).
+        self.each = each if each is not None else [[] for _ in cpus]
         self.kill_after_s = shutdown_timeout_s + KILL_MARGIN_S
         self.children: list[Child | None] = [None] * len(cpus)
         #: Slot index -> monotonic time at which to (re)start its child.
@@ -93,8 +102,8 @@ class Supervisor:
         self.changed: Path | None = None
         self.prctl = _load_prctl()
 
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "django", "cogworker", *self.child_args]
+    def command(self, index: int = 0) -> list[str]:
+        return [sys.executable, "-m", "django", "cogworker", *self.child_args, *self.each[index]]
 
     def env(self, watch_fd: int, index: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -117,7 +126,7 @@ class Supervisor:
             # would keep the pipe open after the supervisor died.
             env = self.env(watch_fd, index)
             proc = subprocess.Popen(
-                self.command(), env=env, pass_fds=(watch_fd,), preexec_fn=self.prepare_child
+                self.command(index), env=env, pass_fds=(watch_fd,), preexec_fn=self.prepare_child
             )
         except OSError as exc:
             logger.error("supervisor: could not start worker %d (%s); retrying", index, exc)

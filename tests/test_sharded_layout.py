@@ -1,8 +1,8 @@
 """The sharded key layout (SPEC section 16) on one plain server.
 
-This release refuses ``SHARDING = "queues"`` (E035): a worker serves the
-queues of one group, and limits and workflows do not yet span groups (the
-admin's and the API's merged views: ``tests/test_sharded_views.py``). What
+This release refuses ``SHARDING = "queues"`` (E035): limits and workflows
+do not yet span groups (the admin's and the API's merged views:
+``tests/test_sharded_views.py``). What
 it has is the layout and the seam every key goes through (``keys.py``).
 These tests run workers with sharding on against one plain redis-server
 (``--skip-checks``, which also lets the URL name no cluster), so that a key
@@ -17,6 +17,7 @@ any call across slots, recovery and failover included:
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -157,9 +158,48 @@ def test_g16_sharded_layout_jobs_of_two_groups_run_once_each_under_their_own_tag
     assert mixed_calls(sharded, default, mail) == {}
 
 
-def test_sharded_layout_a_worker_serving_two_groups_is_refused_with_the_way_out(
+def test_g16_sharded_layout_a_worker_of_two_groups_runs_a_process_per_group(
     cog: CogEnv, sharded: Path, tmp_path: Path
 ) -> None:
-    worker = start(cog, tmp_path, sharded, ["default", "mail"])
-    assert worker.wait(STALL_S) != 0
-    assert "Under SHARDING a worker serves the queues of one group, and these are in 2" in worker.log()
+    """``manage.py cogworker`` with queues in two groups supervises a
+    process per group, each with its group's queues and a share of the
+    threads by weight; each group's jobs run in its own process."""
+    worker = start(cog, tmp_path, sharded, ["default,3", "mail,1", "mail_bulk,2"], CONCURRENCY=6)
+    for i in range(5):
+        jobs.record.delay(f"default-{i}")
+        jobs.record_mail.delay(f"mail-{i}")
+        jobs.record.set(queue="mail_bulk").delay(f"bulk-{i}")
+    expected = Counter({f"{q}-{i}": 1 for q in ("default", "mail", "bulk") for i in range(5)})
+    wait_for(
+        lambda: without_ticks(runs(cog)) == expected,
+        STALL_S,
+        "every job of both groups to run once",
+        progress=lambda: cog.redis.llen(get_keys().queue("default")),
+    )
+    by_group = {
+        group: {n["pid"] for n in cog.notes() if (n["queue"] == "default") == (group == "default")}
+        for group in ("default", "mail")
+    }
+    assert all(len(pids) == 1 for pids in by_group.values()), by_group
+    assert by_group["default"] != by_group["mail"]
+    assert worker.pid not in by_group["default"] | by_group["mail"], "the supervisor runs no job"
+    assert "queues in 2 groups, a process for each: default (3 threads), mail (3 threads)" in worker.log()
+    seen = {c["pid"] for c in calls(sharded) if c["script"] == "group_beat"}
+    assert by_group["default"] | by_group["mail"] <= seen
+    assert mixed_calls(sharded) == {}
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(STALL_S) == 0
+
+
+def test_sharded_layout_a_worker_process_of_two_groups_is_refused_with_the_way_out(
+    cog: CogEnv, sharded: Path
+) -> None:
+    from django_cogworker.conf import QueueSpec, get_config
+    from django_cogworker.errors import ConfigurationError
+    from django_cogworker.process import served_keys
+
+    cog.configure(QUEUES=["default", "mail"])
+    way_out = "runs a process per group, or list them in one QUEUE_GROUPS"
+    with pytest.raises(ConfigurationError, match=way_out):
+        served_keys(get_config())
+    assert served_keys(get_config(), (QueueSpec("mail", 0), QueueSpec("mail_bulk", 0))).tag.endswith(":mail}")

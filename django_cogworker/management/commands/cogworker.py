@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -10,10 +11,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_cogworker import affinity, connection, logs
-from django_cogworker.conf import get_config, parse_queue, queue_list_problems
+from django_cogworker import affinity, connection, logs, shards
+from django_cogworker.conf import QueueSpec, get_config, parse_queue, queue_list_problems
 from django_cogworker.errors import RedisAccessRefused
 from django_cogworker.fetch import STRATEGIES
+
+logger = logging.getLogger("django_cogworker")
 
 
 class Command(BaseCommand):
@@ -55,16 +58,47 @@ class Command(BaseCommand):
         processes = options["processes"]
         if processes < 1:
             raise CommandError("--processes must be at least 1")
-        if processes > 1 or options["reload"]:
+        if options["concurrency"] is not None and options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        config = get_config()
+        queues = self.queues(options)
+        concurrency = options["concurrency"] or config.concurrency
+        shares = shards.split(connection.get_keys(), queues or config.queues, concurrency)
+        if processes > 1 or options["reload"] or len(shares) > 1:
             from django_cogworker.supervisor import Supervisor
 
-            child = self.child_args(sys.argv)
+            child, each = self.child_args(sys.argv), None
+            if len(shares) > 1:
+                # Under SHARDING, a process per queue group (shards.split).
+                child = self.strip(child, ("-q", "--queue", "-c", "--concurrency"))
+                each = [share.args() for share in shares for _ in range(processes)]
+                groups = ", ".join(f"{s.group} ({s.concurrency} threads)" for s in shares)
+                logger.info("queues in %d groups, a process for each: %s", len(shares), groups)
             timeout_s = options["shutdown_timeout"]
             if timeout_s is None:
-                timeout_s = get_config().shutdown_timeout_s
-            cpus = affinity.plan(get_config().cpu_affinity, processes)
-            sys.exit(Supervisor(cpus, child, timeout_s, reload=options["reload"]).run())
-        self.run_one(options)
+                timeout_s = config.shutdown_timeout_s
+            cpus = affinity.plan(config.cpu_affinity, len(each) if each else processes)
+            sys.exit(Supervisor(cpus, child, timeout_s, reload=options["reload"], each=each).run())
+        self.run_one(options, queues)
+
+    @staticmethod
+    def queues(options: dict[str, Any]) -> tuple[QueueSpec, ...] | None:
+        """The queues of ``--queue``, refused as the QUEUES check (E013,
+        E014) refuses them; None without the flag."""
+        if not options["queues"]:
+            return None
+        try:
+            queues = tuple(parse_queue(q) for q in options["queues"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        problems = queue_list_problems(queues)
+        if problems.mixed:
+            raise CommandError(
+                "--queue mixes weighted and unweighted queues: give every queue a weight, or none"
+            )
+        if problems.repeated:
+            raise CommandError("--queue names a queue more than once: give it a weight instead")
+        return queues
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Django's system checks, run in a forked child where one can be
@@ -102,18 +136,21 @@ class Command(BaseCommand):
             rest = argv[argv.index("cogworker") + 1 :]
         except ValueError:
             rest = argv[1:]
+        return [a for a in Command.strip(rest, ("--processes",)) if a != "--reload"]
+
+    @staticmethod
+    def strip(args: list[str], options: tuple[str, ...]) -> list[str]:
+        """``args`` without the options named (each with its value, in any
+        of argparse's spellings: ``-q a``, ``-qa``, ``--queue a``, ``--queue=a``)."""
         out: list[str] = []
         skip = False
-        for arg in rest:
+        for arg in args:
             if skip:
                 skip = False
-                continue
-            if arg == "--processes":
+            elif arg in options:
                 skip = True
-                continue
-            if arg.startswith("--processes=") or arg == "--reload":
-                continue
-            out.append(arg)
+            elif not any(arg.startswith(f"{o}=") or (len(o) == 2 and arg.startswith(o)) for o in options):
+                out.append(arg)
         return out
 
     @staticmethod
@@ -132,26 +169,10 @@ class Command(BaseCommand):
             for name, handler in before.items():
                 signal.signal(name, handler)
 
-    def run_one(self, options: dict[str, Any]) -> None:
+    def run_one(self, options: dict[str, Any], queues: tuple[QueueSpec, ...] | None) -> None:
         from django_cogworker.launcher import Launcher
 
         config = get_config()
-        queues = None
-        if options["queues"]:
-            try:
-                queues = tuple(parse_queue(q) for q in options["queues"])
-            except ValueError as exc:
-                raise CommandError(str(exc)) from None
-            # Refused as the QUEUES check (E013, E014) refuses them.
-            problems = queue_list_problems(queues)
-            if problems.mixed:
-                raise CommandError(
-                    "--queue mixes weighted and unweighted queues: give every queue a weight, or none"
-                )
-            if problems.repeated:
-                raise CommandError("--queue names a queue more than once: give it a weight instead")
-        if options["concurrency"] is not None and options["concurrency"] < 1:
-            raise CommandError("--concurrency must be at least 1")
         affinity.apply(config.cpu_affinity)  # before the worker starts its threads
         if not self.wait_for_redis():
             return
