@@ -131,6 +131,14 @@ class Keys:
         """The queue a queue key names (a blocking pop's reply names its key)."""
         return key.removeprefix(self.queue_prefix)
 
+    def own(self, queue: str) -> str:
+        """Where a job of ``queue`` held in this group goes back to (a
+        requeue, a due job): ``queue`` itself when it is in the group;
+        under SHARDING, for one of another group (a payload pushed by hand,
+        or ``QUEUE_GROUPS`` changed since), the group's first queue, as no
+        one script reaches two slots."""
+        return queue
+
     def metrics_minute(self, minute: str) -> str:
         """The per-job metrics of ``minute`` (``MINUTE_FORMAT``, UTC)."""
         return self.metrics_prefix + minute
@@ -239,6 +247,11 @@ class GroupKeys(Keys):
     def queue_of(self, key: str) -> str:
         return self.group_name if key == self._own_queue else key.removeprefix(self.queue_prefix)
 
+    def own(self, queue: str) -> str:
+        if self._root.group_of(queue) == self.group_name:
+            return queue
+        return self._root.first_queue(self.group_name)
+
     @property
     def shared(self) -> Keys:
         return self._root
@@ -301,6 +314,11 @@ class ShardedKeys(Keys):
 
     def group_of(self, queue: str) -> str:
         return self._groups.get(queue, queue)
+
+    def first_queue(self, group: str) -> str:
+        """The first queue ``QUEUE_GROUPS`` lists in ``group``; the group
+        itself when no entry names it (a group of one queue)."""
+        return next((q for q, g in self._groups.items() if g == group), group)
 
     def queue(self, name: str) -> str:
         return self.for_queue(name).queue(name)

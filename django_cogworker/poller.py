@@ -127,6 +127,7 @@ def move_due(client: Any, keys: Keys, zset: str, stop: threading.Event | None = 
             if redis_now is None and expiry.FIELD.encode() in entry:
                 redis_now = expiry.clock.now(client)  # no round trip in a worker: the beat's offset
             queue, payload, late = Poller.prepare(entry, now, redis_now)
+            queue = keys.own(queue)  # under SHARDING, a queue of this group
             script_keys.append(keys.queue(queue))
             if late is not None:
                 expiring[i] = late

@@ -75,13 +75,15 @@ class Destination:
 
 def destination(keys: Keys, raw: bytes) -> Destination:
     """A payload whose queue cannot be read goes to the default queue, where
-    the processor files it in dead as unreadable (G13)."""
+    the processor files it in dead as unreadable (G13); under SHARDING, a
+    queue of another group than ``keys``' goes to the group's first queue
+    (``Keys.own``)."""
     try:
         value = parse(raw)
     except BadPayload:
         value = None
     if not isinstance(value, dict):
-        return Destination(keys.queue(DEFAULT_QUEUE), "", None, None, None)
+        return Destination(keys.queue(keys.own(DEFAULT_QUEUE)), "", None, None, None)
     payload: Payload = value
     queue = payload.get("queue")
     jid = payload.get("jid")
@@ -99,7 +101,7 @@ def destination(keys: Keys, raw: bytes) -> Destination:
         # byte what the client wrote, but for the one field.
         mark = body[:-1] + (b',"orphaned":' if len(payload) else b'"orphaned":')
     return Destination(
-        keys.queue(queue if isinstance(queue, str) and queue else DEFAULT_QUEUE),
+        keys.queue(keys.own(queue if isinstance(queue, str) and queue else DEFAULT_QUEUE)),
         jid,
         keys.orphanings(jid) if jid else None,
         lock,

@@ -90,6 +90,8 @@ def split(keys: Keys, queues: tuple[QueueSpec, ...], concurrency: int) -> list[G
     ``concurrency`` by the groups' weights (a queue's weight, 1 without
     one), at least one thread. One share when the queues are in one group
     (and always without SHARDING)."""
+    if not keys.sharded:
+        return [GroupShare(keys.namespace, queues, concurrency)]
     groups: dict[str, list[QueueSpec]] = {}
     for queue in queues:
         groups.setdefault(keys.group_of(queue.name), []).append(queue)

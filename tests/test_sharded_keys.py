@@ -192,3 +192,26 @@ def test_e036_queue_groups_lists_each_queue_in_one_group(groups, says):
 
 def test_e036_valid_groups_pass():
     assert errors_of({"QUEUE_GROUPS": {"mail": ["mail", "mail_bulk"]}}, "cogworker.E036") == []
+
+
+def test_sharded_split_a_process_per_group_with_the_threads_shared_by_weight() -> None:
+    from django_cogworker.conf import QueueSpec
+    from django_cogworker.keys import keys
+    from django_cogworker.shards import split
+
+    queues = (QueueSpec("default", 3), QueueSpec("mail", 1), QueueSpec("mail_bulk", 2), QueueSpec("low", 1))
+    plain = split(keys("app"), queues, 10)
+    assert [(s.queues, s.concurrency) for s in plain] == [(queues, 10)], "one process without SHARDING"
+    sharded = keys("app", (("mail", "mail"), ("mail_bulk", "mail")))
+    shares = split(sharded, queues, 10)
+    assert [(s.group, [q.name for q in s.queues], s.concurrency) for s in shares] == [
+        ("default", ["default"], 4),
+        ("mail", ["mail", "mail_bulk"], 4),
+        ("low", ["low"], 1),
+    ]
+    assert shares[1].args() == ["-q", "mail,1", "-q", "mail_bulk,2", "-c", "4"]
+    strict = split(sharded, (QueueSpec("mail", 0), QueueSpec("low", 0)), 1)
+    assert [(s.group, s.concurrency) for s in strict] == [("mail", 1), ("low", 1)], "at least one thread each"
+    assert [s.args() for s in split(sharded, (QueueSpec("mail", 0), QueueSpec("mail_bulk", 0)), 5)] == [
+        ["-q", "mail", "-q", "mail_bulk", "-c", "5"]
+    ]

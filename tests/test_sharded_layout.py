@@ -203,3 +203,38 @@ def test_sharded_layout_a_worker_process_of_two_groups_is_refused_with_the_way_o
     with pytest.raises(ConfigurationError, match=way_out):
         served_keys(get_config())
     assert served_keys(get_config(), (QueueSpec("mail", 0), QueueSpec("mail_bulk", 0))).tag.endswith(":mail}")
+
+
+def test_g16_sharded_layout_a_job_naming_another_groups_queue_goes_back_to_its_own_groups_first_queue(
+    cog: CogEnv, sharded: Path, tmp_path: Path
+) -> None:
+    """A payload in the ``mail`` group's keys that names a queue of another
+    group (pushed by hand, or QUEUE_GROUPS changed since) cannot be moved
+    there by one script: recovered from a dead process's list, or due in
+    the group's schedule, it goes to the group's first queue (``mail``),
+    where the group's worker runs it; an unreadable one is filed in the
+    group's dead set. No script call spans two slots."""
+    from django_cogworker.payload import encode
+
+    k = get_keys()
+    mail = k.group("mail")
+    assert mail.own("default") == "mail" and mail.own("mail_bulk") == "mail_bulk"
+    stray = encode(jobs.record.payload(("recovered-stray",), {}))  # queue "default"
+    assert b'"queue":"default"' in stray
+    dead_id = "host:9:gone"
+    cog.redis.rpush(mail.inprogress(dead_id), stray, b"not json")
+    cog.redis.sadd(mail.inprogress_identities, dead_id)
+    cog.redis.hset(mail.last_beat, dead_id, "0")
+    cog.redis.zadd(mail.schedule, {encode(jobs.record.payload(("due-stray",), {})): 1})
+    worker = start(cog, tmp_path, sharded, ["mail", "mail_bulk"])
+    wait_for(
+        lambda: {"recovered-stray", "due-stray"} <= set(runs(cog)) and cog.redis.zcard(mail.dead) == 1,
+        STALL_S,
+        "both strays to run on the mail group's worker and the unreadable one to be dead there",
+        progress=lambda: cpu_seconds(worker.pid),
+    )
+    assert without_ticks(runs(cog)) == Counter({"recovered-stray": 1, "due-stray": 1})
+    assert {n["pid"] for n in cog.notes()} == {worker.pid}
+    assert not cog.redis.exists(mail.inprogress(dead_id)) and cog.redis.zcard(mail.schedule) == 0
+    assert cog.redis.llen(k.queue("default")) == 0
+    assert mixed_calls(sharded, worker) == {}
