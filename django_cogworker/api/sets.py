@@ -137,7 +137,7 @@ class SortedSet(JobSet):
             return list(itertools.islice(self._merged(), offset, offset + limit))
         client = get_redis()
         fn = client.zrevrange if self.newest_first else client.zrange
-        return [self._record(r, s) for r, s in fn(self.key, offset, offset + limit - 1, withscores=True)]
+        return [self._record(r, s) for r, s in fn(self._key(0), offset, offset + limit - 1, withscores=True)]
 
     def _stream(self, i: int) -> Iterator[Entry]:
         """Group ``i``'s set in order, ``ITERATION_BATCH`` entries per call."""
