@@ -390,12 +390,23 @@ def test_g16_sharded_status_sums_the_groups_and_names_each_groups_slot_and_maste
 def test_g16_sharded_set_pages_merge_the_groups_of_three_masters_and_act_on_each(
     sharded: CogEnv,
     redis_cluster: ClusterGroup,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The API's sets (what the admin's pages list) over three groups on
     three masters: one size, one order by score, and each move a script on
-    its entry's own master (a cluster refuses any call across slots)."""
+    its entry's own master (a cluster refuses any call across slots); a
+    bulk action pipelines each master's part of every 500 entries."""
     from django_cogworker import api
-    from django_cogworker.api import records
+    from django_cogworker.api import actions
+
+    parts: list[tuple[int, int]] = []
+    pipelined = actions._pipelined
+
+    def spy(client: Any, chunk: list[Any], action: str) -> int:
+        parts.append((client.connection_pool.connection_kwargs["port"], len(chunk)))
+        return pipelined(client, chunk, action)
+
+    monkeypatch.setattr(actions, "_pipelined", spy)
 
     cog = sharded
     placed = [names[0] for names in queues_per_master(redis_cluster, cog.namespace, 1).values()]
@@ -413,9 +424,14 @@ def test_g16_sharded_set_pages_merge_the_groups_of_three_masters_and_act_on_each
     first = scheduled.find(json.loads(order[0][1])["jid"])
     assert first.kill() is True and api.DeadSet().size == 1
     assert first.source == k.for_queue(first.queue).schedule
-    assert records.bulk(api.ScheduledSet(), "retry") == 29
-    assert sorted(cog.redis.llen(k.queue(q)) for q in placed) == [9, 10, 10]
+    for i in range(1200):
+        jobs.fail.set(queue=placed[i % 3]).delay_in(7200, f"more-{i}")
+    assert api.bulk(api.ScheduledSet(), "retry") == 1229
+    assert sorted(cog.redis.llen(k.queue(q)) for q in placed) == [409, 410, 410]
     assert all(cog.redis.sismember(k.queues, q) for q in placed)
+    # Three chunks (500, 500, 229), each in one pipeline per master.
+    assert len(parts) == 9 and {port for port, _ in parts} == set(masters(redis_cluster))
+    assert sum(n for _, n in parts) == 1229
     assert api.DeadSet().clear() == 1 and api.DeadSet().size == 0
 
 
@@ -448,3 +464,38 @@ def test_g16_sharded_a_tasks_result_lives_in_its_jobs_group_and_its_run_writes_i
     )
     assert [default_task_backend.get_result(r.id).return_value for r in done] == [5, 9]
     assert asyncio.run(default_task_backend.aget_result(done[1].id)).return_value == 9
+
+
+def test_g16_sharded_async_jobs_of_two_groups_run_side_by_side_in_each_groups_process(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+    async_jobs: Any,
+) -> None:
+    """SPEC section 15 with sharding on: ``async def`` jobs of two groups on
+    two masters, each group's on its own process's event loop, many in
+    flight at once."""
+    cog = sharded
+    queues = [names[0] for names in queues_per_master(redis_cluster, cog.namespace, 1).values()][:2]
+    worker = cog.start_worker("--skip-checks", env={"COGWORKER_TEST_ASYNC_JOBS": "1"}, QUEUES=queues)
+    for q in queues:
+        for i in range(20):
+            async_jobs.asleep.set(queue=q).delay(1.0, f"{q}-{i}")
+    wait_for(
+        lambda: len(cog.notes()) == 40,
+        STALL_S,
+        "the 40 coroutine jobs to run",
+        progress=lambda: len(cog.notes("started")),
+    )
+    notes = cog.notes()
+    assert Counter(str(n["tag"]) for n in notes) == Counter(
+        {f"{q}-{i}": 1 for q in queues for i in range(20)}
+    )
+    assert all(n["seen_jid"] == n["jid"] for n in notes), "current_job() right after the await"
+    pids = {q: {n["pid"] for n in notes if n["queue"] == q} for q in queues}
+    assert all(len(p) == 1 for p in pids.values()) and len(set().union(*pids.values())) == 2, pids
+    assert worker.pid not in set().union(*pids.values())
+    # In flight together: every job of a group started before the first of them ended.
+    for q in queues:
+        started = sorted(float(n["at"]) for n in cog.notes("started") if n["queue"] == q)
+        ended = min(float(n["at"]) for n in notes if n["queue"] == q)
+        assert started[-1] < ended, q

@@ -21,7 +21,7 @@ import pytest
 from django.test import Client
 
 from django_cogworker import api
-from django_cogworker.api import records, sets
+from django_cogworker.api import sets
 from django_cogworker.connection import get_keys
 from django_cogworker.payload import encode
 from tests.conftest import CogEnv
@@ -146,7 +146,7 @@ def test_g16_sharded_views_actions_stay_in_the_entrys_group(
 
     # Bulk over three groups, and clearing.
     fill(cog, "schedule", 40)
-    assert records.bulk(api.ScheduledSet(), "retry") == 40
+    assert api.bulk(api.ScheduledSet(), "retry") == 40
     queued = sum(cog.redis.llen(k.queue(q)) for q in QUEUES)
     assert queued == 40 + 2 and api.ScheduledSet().size == 0
     fill(cog, "dead", 30)

@@ -15,7 +15,7 @@ answered with an error (``errors.redis_boundary``, the one translation).
 
 One module per role:
 
-- ``records``: ``JobRecord``, its actions, ``bulk()``, ``job_names()``;
+- ``records``: ``JobRecord``, its actions, ``job_names()``; ``actions``: ``bulk()``;
 - ``queues``: ``Queue``;
 - ``sets``: ``JobSet`` and ``SortedSet`` (``ScheduledSet``, ``RetrySet``,
   ``DeadSet``); ``unsettled``: ``UnsettledSet``;
@@ -36,6 +36,7 @@ One module per role:
 
 from __future__ import annotations
 
+from django_cogworker.api.actions import BULK_BATCH_SIZE, bulk
 from django_cogworker.api.batch_figures import EVENTS, BatchFigures, Callback, batch_figures
 from django_cogworker.api.batch_places import Place, places
 from django_cogworker.api.batches import Batch, BatchSet
@@ -44,7 +45,7 @@ from django_cogworker.api.metrics import DeployMark, deploy_marks, mark_deploy
 from django_cogworker.api.periodic import PeriodicEntries, PeriodicEntry
 from django_cogworker.api.processes import InProgress, ProcessRecord, ProcessSet, RunningJob, Workers
 from django_cogworker.api.queues import Queue, QueueFigures, queue_figures
-from django_cogworker.api.records import ACTIONS, BULK_BATCH_SIZE, PAGE_SIZE, JobRecord, bulk, job_names
+from django_cogworker.api.records import ACTIONS, PAGE_SIZE, JobRecord, job_names
 from django_cogworker.api.sets import DeadSet, JobSet, RetrySet, ScheduledSet, SortedSet
 from django_cogworker.api.stats import Memory, Stats, memory
 from django_cogworker.api.unsettled import UnsettledSet

@@ -24,9 +24,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 
+from django_cogworker.api.actions import bulk
 from django_cogworker.api.batch_figures import OPEN_SENTINEL, BatchFigures, batch_figures
 from django_cogworker.api.parsing import Listing, checked_number, is_wrong_type, unless_wrong_type
-from django_cogworker.api.records import PAGE_SIZE, bulk
+from django_cogworker.api.records import PAGE_SIZE
 from django_cogworker.api.sets import DeadSet
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import BatchNotFound, redis_boundary

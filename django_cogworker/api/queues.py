@@ -26,6 +26,7 @@ from typing import Any
 
 import redis
 
+from django_cogworker.api.actions import bulk
 from django_cogworker.api.parsing import (
     Listing,
     is_wrong_type,
@@ -34,7 +35,7 @@ from django_cogworker.api.parsing import (
     number,
     unless_wrong_type,
 )
-from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, bulk, paged
+from django_cogworker.api.records import MAX_OFFSET, PAGE_SIZE, JobRecord, paged
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary

@@ -4,28 +4,25 @@ Duties: ``JobRecord`` reads an entry of a queue, a sorted set, the
 unsettled list or an in-progress list through ``payload.parse`` (an entry
 that cannot be read is shown as unreadable, never an exception: SPEC
 section 8) and moves it: ``retry()`` (back on its queue now), ``kill()``
-(to dead), ``delete()``; ``bulk()`` does one of these to many entries,
-``BULK_BATCH_SIZE`` per round trip. Every move is one script (``move.lua``)
-that writes before it removes and does nothing if someone else moved the
-entry first. A job running now (``kind="inprogress"``) offers no action: it
-is its process's alone (G2). Redis errors reach the caller as
-``CogworkerError`` (``errors.redis_boundary``).
+(to dead), ``delete()``; ``api.actions.bulk`` does one of these to many entries.
+Every move is one script (``move.lua``) that writes before it removes and
+does nothing if someone else moved the entry first. A job running now
+(``kind="inprogress"``) offers no action: it is its process's alone (G2).
+Redis errors reach the caller as ``CogworkerError``
+(``errors.redis_boundary``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
-
-from redis.exceptions import NoScriptError
 
 from django_cogworker import registry
 from django_cogworker.conf import DEFAULT_QUEUE, get_config
-from django_cogworker.connection import get_keys, get_redis, is_cluster
+from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import BadPayload, redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.keys import Keys
@@ -36,11 +33,8 @@ from django_cogworker.workflows import effects
 #: Jobs per page of a listing, when the caller does not say.
 PAGE_SIZE = 25
 
-#: What can be done to a job in a set, one by one or in bulk (``bulk()``).
+#: What can be done to a job in a set, one by one or in bulk (``api.actions.bulk``).
 ACTIONS = ("retry", "delete", "kill")
-
-#: Entries moved per pipeline round trip by ``bulk()``.
-BULK_BATCH_SIZE = 500
 
 #: A move: the ``move`` script's KEYS and ARGV.
 MoveCall = tuple[list[str], list[str | bytes | int | float]]
@@ -184,13 +178,18 @@ class JobRecord:
             return None
         return self._move_call(self.source, b"", "none", "", effects.DEAD)
 
+    @property
+    def destination_queue(self) -> str:
+        """The queue a retry puts it on: its payload's, as a worker's
+        poller would write the name (scripts.py), or the default queue."""
+        queue = self.payload.get("queue")
+        return storable(queue) if isinstance(queue, str) and queue else DEFAULT_QUEUE
+
     def _retry_call(self) -> MoveCall | None:
         if self.kind in ("queue", "inprogress"):
             return None
         payload = dict(self.payload)
-        queue = payload.get("queue")
-        # The queue's name as a worker's poller would write it (scripts.py).
-        queue = storable(queue) if isinstance(queue, str) and queue else DEFAULT_QUEUE
+        queue = self.destination_queue
         payload["enqueued_at"] = time.time()
         data = encode_stored(payload) if "job" in payload else self.payload_raw
         revived = effects.REVIVED if self.kind == "zset" and self.source == self.home.dead else None
@@ -208,6 +207,14 @@ class JobRecord:
 
     def _call(self, action: str) -> MoveCall | None:
         return self._retry_call() if action == "retry" else self._kill_call()
+
+    def crosses(self, action: str) -> bool:
+        """Whether ``action`` would move it into another queue group's slot
+        (``_across``): only a retry can."""
+        if action != "retry" or not self.home.sharded:
+            return False
+        call = self._retry_call()
+        return call is not None and self._across(call)
 
     def _across(self, call: MoveCall) -> bool:
         """Whether ``call`` moves the entry into another queue group's slot
@@ -286,40 +293,6 @@ class JobRecord:
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
         return bool(getattr(self, action)())
-
-
-@redis_boundary("act on the jobs")
-def bulk(records: Iterable[JobRecord], action: str) -> int:
-    """Applies one of ``ACTIONS`` to every record, ``BULK_BATCH_SIZE`` per
-    round trip; returns how many entries were moved or deleted. Entries that
-    someone else moved first are skipped (each move checks its source)."""
-    if action not in ACTIONS:
-        raise ValueError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
-    client = get_redis()
-    if is_cluster(client) or get_keys().sharded:
-        # redis-py's cluster pipeline refuses EVALSHA, and under SHARDING a
-        # move may span two slots: one call per entry.
-        return sum(1 for r in records if r.apply(action))
-    script("move").ensure_loaded(client)
-    done = 0
-    iterator = iter(records)
-    while chunk := list(itertools.islice(iterator, BULK_BATCH_SIZE)):
-        for attempt in (1, 2):
-            pipe = client.pipeline(transaction=False)
-            queued = [r._queue_action(pipe, action) for r in chunk]
-            if not any(queued):
-                break
-            try:
-                done += sum(1 for reply in pipe.execute() if reply)
-                break
-            except NoScriptError:
-                # The server lost its scripts between the load and this batch
-                # (restart, failover). Replaying is safe: moves already done
-                # find their entry gone and return 0.
-                if attempt == 2:
-                    raise
-                script("move").ensure_loaded(client)
-    return done
 
 
 def job_names() -> list[str]:
