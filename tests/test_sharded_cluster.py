@@ -38,7 +38,7 @@ from tests.conftest import CogEnv, cpu_seconds, delete_sharded, kill, wait_for
 from tests.test_failover import Producer
 from tests.test_stall import SLOW_BEATS
 from tests.test_worker_logs import status
-from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
+from tests.topology import ClusterGroup, call, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
 STALL_S = 30
 
@@ -51,6 +51,15 @@ PAUSE_S = 6.0
 #: run counting them measured 0.243 for one master. The shares of every
 #: command, calls included, are in docs/performance.md (tools/bench_shards.py).
 DATA_COMMANDS = {"lpush", "lmove", "blmove", "lrem"}
+
+#: Jobs queued for each queue the failover test does not stop: more than
+#: its workers run before the kill and during the takeover.
+BACKLOG = 4000
+
+#: Runs of each such queue before the kill: a few seconds at its pace, so
+#: that the window before the kill (as long as the takeover) is past the
+#: workers' start.
+STEADY = 800
 
 
 def masters(cluster: ClusterGroup) -> list[int]:
@@ -286,6 +295,13 @@ def test_g11_sharded_a_master_sigkilled_stops_only_its_queues_and_loses_no_confi
     sharded: CogEnv,
     redis_cluster: ClusterGroup,  # noqa: F811
 ) -> None:
+    """A master SIGKILLed, with ``cluster-require-full-coverage no`` (what
+    docs/deployment.md asks for under SHARDING): its queue stops until its
+    replica takes over, and loses no confirmed job; the other queues keep
+    at least 90% of their throughput meanwhile. With Redis's default
+    (``yes``) every master refuses commands from the moment the dead one is
+    marked failed to its replica's promotion: the others then stopped for
+    0.75 to 1 s of a 2 to 3 s takeover (about 60% of their throughput)."""
     cog = sharded
     # The shared slot and the notes on one master, so that the victim is a
     # master with only a queue group on it.
@@ -296,46 +312,56 @@ def test_g11_sharded_a_master_sigkilled_stops_only_its_queues_and_loses_no_confi
     placed = {port: names[0] for port, names in queues_per_master(redis_cluster, cog.namespace, 1).items()}
     victim = next(port for port in placed if port != shared)
     cog.configure(ENQUEUE_WAIT_REPLICAS=1, ENQUEUE_WAIT_TIMEOUT=0.5, HEARTBEAT_TTL=4, ORPHAN_THRESHOLD=8)
+    slow = placed[victim]
+    others = [q for port, q in placed.items() if port != victim]
+    # The other queues' throughput is their workers' pace through a backlog
+    # (20 ms jobs, 4 threads: about 190 a second each), not a producer's in
+    # this process, whose threads share its GIL with the victim's producer.
+    for q in others:
+        enqueue_many([jobs.pace.set(queue=q).payload((0.02, f"{q}-{i}"), {}) for i in range(BACKLOG)])
+    coverage(redis_cluster, "no")
     workers = [cog.start_worker("--skip-checks", QUEUES=[q]) for q in placed.values()]
-    producers = {q: Producer(0.001, queue=q) for q in placed.values()}
-    for producer in producers.values():
-        producer.__enter__()
+    producer = Producer(0.001, queue=slow)
+    producer.__enter__()
     try:
         wait_for(
-            lambda: all(runs_between(cog, q, 0, math.inf) >= 30 for q in placed.values()),
+            lambda: (
+                all(runs_between(cog, q, 0, math.inf) >= STEADY for q in others)
+                and runs_between(cog, slow, 0, math.inf) >= 30
+            ),
             STALL_S,
-            "every queue's run to get going",
+            "every queue to run steadily (the window before the kill measures that)",
         )
         killed_at = time.time()
         promoted_in = redis_cluster.kill(victim)
         promoted_at = time.time()
         redis_cluster.restart(victim)  # the promoted master's replica, to confirm enqueues again
-        slow = placed[victim]
-        at_restart = len(producers[slow].confirmed)
-        wait_for(
-            lambda: len(producers[slow].confirmed) >= at_restart + 20, STALL_S, "its queue confirmed again"
-        )
+        at_restart = len(producer.confirmed)
+        wait_for(lambda: len(producer.confirmed) >= at_restart + 20, STALL_S, "its queue confirmed again")
     finally:
-        for producer in producers.values():
-            producer.__exit__()
-    confirmed = {jid for producer in producers.values() for jid in producer.confirmed}
+        producer.__exit__()
+        coverage(redis_cluster, "yes")
+    confirmed = set(producer.confirmed)
     wait_for(lambda: confirmed <= {str(n["jid"]) for n in cog.notes()}, 60, "every confirmed job to run")
     assert all(w.alive() for w in workers)
     window = promoted_at - killed_at
-    for port, q in placed.items():
-        if port == victim:
-            continue
+    for q in others:
         before = runs_between(cog, q, killed_at - window, killed_at)
         during = runs_between(cog, q, killed_at, promoted_at)
         print(
             f"\n[sharded] {q}: {before} runs in the {window:.1f}s before the kill, {during} in the takeover"
         )
-        # A stopped queue would run none. Quiet, the others ran more during
-        # the takeover than before (210 and 206 against 152 and 145); a CI
-        # machine loaded by other tests measured 65%: at least half here.
-        assert during >= 0.5 * before, (q, before, during)
+        assert runs_between(cog, q, promoted_at, math.inf) > 0, f"{q}'s backlog lasted the takeover"
+        assert during >= 0.9 * before, (q, before, during)
     promoted = f"promoted in {promoted_in:.1f}s"
-    print(f"[sharded] {placed[victim]}: master killed, {promoted}; {len(confirmed)} confirmed jobs all ran")
+    print(f"[sharded] {slow}: master killed, {promoted}; {len(confirmed)} confirmed jobs all ran")
+
+
+def coverage(cluster: ClusterGroup, value: str) -> None:
+    """``cluster-require-full-coverage`` on every live node."""
+    for node in cluster.nodes:
+        if node.alive:
+            call(node.port, "CONFIG", "SET", "cluster-require-full-coverage", value)
 
 
 def test_g11_sharded_a_confirmed_push_over_three_groups_waits_on_each_master(
