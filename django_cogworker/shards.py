@@ -48,6 +48,9 @@ class Spread:
     cluster: bool
     #: Each queue group in a slot of its own (SHARDING), or all in the namespace's.
     sharded: bool = False
+    #: Under SHARDING, the masters with ``cluster-require-full-coverage yes``
+    #: (Redis's default): while any master is down, they refuse every command.
+    full_coverage: tuple[str, ...] = ()
 
     @property
     def idle_masters(self) -> list[str]:
@@ -64,6 +67,7 @@ class Spread:
             ],
             "masters": self.masters,
             "idle_masters": self.idle_masters,
+            "full_coverage": list(self.full_coverage),
         }
 
 
@@ -145,7 +149,21 @@ def spread(client: Any, keys: Keys, queues: list[str], config: Any) -> Spread:
     for group, names in sorted(groups.items()):
         key = storable(keys.group(group).queue(names[0]))
         found.append(Shard(group, names, key_slot(key.encode()), _address(client.get_node_from_key(key))))
-    return Spread(found, masters, cluster=True, sharded=True)
+    return Spread(found, masters, cluster=True, sharded=True, full_coverage=_full_coverage(client))
+
+
+def _full_coverage(client: Any) -> tuple[str, ...]:
+    """The masters whose ``cluster-require-full-coverage`` is ``yes``; one
+    that refuses CONFIG (an ACL, a managed service) is not named."""
+    found = []
+    for node in client.get_primaries():
+        try:
+            reply = node.redis_connection.config_get("cluster-require-full-coverage")
+        except redis.RedisError:
+            continue
+        if str(reply.get("cluster-require-full-coverage", "")).lower() == "yes":
+            found.append(_address(node))
+    return tuple(sorted(found))
 
 
 def lines(found: dict[str, Any]) -> list[str]:
@@ -166,5 +184,10 @@ def lines(found: dict[str, Any]) -> list[str]:
         out.append(
             f"warning: {len(idle)} master(s) hold no queue ({', '.join(idle)}): every key is in "
             "the namespace's one slot, so one master serves every job (failover, not more throughput)"
+        )
+    if full := found.get("full_coverage"):
+        out.append(
+            f"warning: cluster-require-full-coverage is yes on {', '.join(full)}: while one master is "
+            "down, these refuse every command, so every queue stops; set it to no (docs/deployment.md)"
         )
     return out

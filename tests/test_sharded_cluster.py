@@ -408,9 +408,17 @@ def test_g16_sharded_status_sums_the_groups_and_names_each_groups_slot_and_maste
     assert found["sharded"] is True and found["idle_masters"] == [], found
     where = {g["group"]: g["master"] for g in found["groups"]}
     assert where == {q: f"127.0.0.1:{port}" for port, q in placed.items()}, found
+    assert found["full_coverage"] == sorted(f"127.0.0.1:{port}" for port in placed), "Redis's default"
     code, out, _ = status(cog, "--shards")
     assert "shards: 3 group(s) on 3 of 3 masters" in out, out
     assert "hold no queue" not in out, out
+    assert "warning: cluster-require-full-coverage is yes on 127.0.0.1:" in out, out
+    coverage(redis_cluster, "no")
+    try:
+        code, out, _ = status(cog, "--shards")
+    finally:
+        coverage(redis_cluster, "yes")
+    assert "cluster-require-full-coverage" not in out, out
 
 
 def test_g16_sharded_set_pages_merge_the_groups_of_three_masters_and_act_on_each(
