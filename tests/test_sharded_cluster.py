@@ -11,8 +11,10 @@ of each group's master alone, a stalled master
 that takes no live process for dead and stops only its own queues, a
 stalled shared slot that stops none, a master SIGKILLed that stops only
 its queues and loses no confirmed job, a confirmed push that waits on each
-master it wrote to, ``cogworker_status`` summing the groups, and the set
-pages' merge of the groups' sets with a move on each entry's own master.
+master it wrote to, ``cogworker_status`` summing the groups, the set
+pages' merge of the groups' sets with a move on each entry's own master,
+the Tasks record in its job's group, coroutine jobs of two groups, and a
+worker cut off from its group's master only (a partial partition).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import redis
 from django_cogworker.client import enqueue_many
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs
-from tests.conftest import CogEnv, cpu_seconds, delete_sharded, kill, wait_for
+from tests.conftest import ROOT, CogEnv, cpu_seconds, delete_sharded, kill, wait_for
 from tests.test_failover import Producer
 from tests.test_stall import SLOW_BEATS
 from tests.test_worker_logs import status
@@ -533,3 +535,124 @@ def test_g16_sharded_async_jobs_of_two_groups_run_side_by_side_in_each_groups_pr
         started = sorted(float(n["at"]) for n in cog.notes("started") if n["queue"] == q)
         ended = min(float(n["at"]) for n in notes if n["queue"] == q)
         assert started[-1] < ended, q
+
+
+#: Imported at a worker's start (its PYTHONPATH leads with the directory):
+#: its cluster client reaches one master through a proxy the test can cut.
+REMAP_SITECUSTOMIZE = """\
+import os
+
+import redis.cluster
+
+_victim, _proxy = map(int, os.environ["COGWORKER_TEST_REMAP"].split(":"))
+_init = redis.cluster.RedisCluster.__init__
+
+
+def _remapped(self, *args, **kwargs):
+    kwargs["address_remap"] = lambda address: (address[0], _proxy) if address[1] == _victim else address
+    _init(self, *args, **kwargs)
+
+
+redis.cluster.RedisCluster.__init__ = _remapped
+"""
+
+
+def test_g18_sharded_a_process_cut_off_from_its_groups_master_only_starts_nothing_twice(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+    tmp_path: Any,
+) -> None:
+    """A partial partition: worker A reaches the shared slot's master (its
+    beat record, the notes) but not its group's, through a proxy that stops
+    forwarding both ways with the sockets open. A runs two long jobs and
+    its two idle threads wait in BLMOVE; during the cut two jobs come,
+    which Redis moves into A's list for those waits. Past ORPHAN_THRESHOLD
+    the group's master takes A for dead, and C runs the four jobs. Once the
+    cut heals, A reads the held replies and starts neither job, and its
+    late acks change nothing: only the two jobs A was running when the cut
+    began run twice (docs/deployment.md)."""
+    from tests.proxy import PausableProxy
+    from tests.test_revival_fetch import NOT_STARTED
+
+    cog = sharded
+    while redis_cluster.owner_of(f"{{{cog.namespace}}}") != redis_cluster.owner_of(cog.key("test:runs")):
+        cog.namespace = f"s{uuid.uuid4().hex[:12]}"
+        cog.configure(NAMESPACE=cog.namespace)
+    shared = redis_cluster.owner_of(f"{{{cog.namespace}}}")
+    placed = queues_per_master(redis_cluster, cog.namespace, 1)
+    victim = next(port for port in placed if port != shared)
+    q = placed[victim][0]
+    group = get_keys().for_queue(q)
+    site = tmp_path / "remap"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(REMAP_SITECUSTOMIZE)
+
+    def blocked(name: str) -> int:
+        clients = redis.Redis(port=victim).client_list()
+        return sum(1 for c in clients if c.get("name") == name and c["cmd"] == "blmove" and "b" in c["flags"])
+
+    def notes_of(pid: int, kind: str = "runs") -> Counter[str]:
+        return Counter(str(n["tag"]) for n in cog.notes(kind) if n["pid"] == pid)
+
+    with PausableProxy(victim) as proxy:
+        env = {"PYTHONPATH": f"{site}:{ROOT}", "COGWORKER_TEST_REMAP": f"{victim}:{proxy.port}"}
+        a = cog.start_worker(
+            "--skip-checks", env=env, QUEUES=[q], CONCURRENCY=4, REDIS_OPTIONS={"client_name": "cut"}
+        )
+        for i in range(2):
+            jobs.noted_pace.set(queue=q).delay(4, f"held-{i}")
+        wait_for(lambda: len(cog.notes("started")) == 2, STALL_S, "A to start both long jobs")
+        assert {n["pid"] for n in cog.notes("started")} == {a.pid}
+        wait_for(lambda: blocked("cut") == 2, STALL_S, "A's two idle threads to wait in BLMOVE")
+        [a_list] = [key.decode() for key in cog.redis.scan_iter(match=group.inprogress("*"))]  # A's alone
+        proxy.cut()
+        try:
+            for i in range(2):
+                jobs.record.set(queue=q).delay(f"landed-{i}")
+            wait_for(lambda: cog.redis.llen(a_list) == 4, STALL_S, "both new jobs to land in A's list")
+            c = cog.start_worker("--skip-checks", QUEUES=[q], CONCURRENCY=4)
+            wait_for(
+                lambda: (
+                    notes_of(c.pid, "started") == Counter(["held-0", "held-1"])
+                    and notes_of(c.pid) >= Counter(["landed-0", "landed-1"])
+                ),
+                STALL_S,
+                "the group's master to take A for dead, and C to run A's four jobs",
+                progress=lambda: cpu_seconds(c.pid),
+            )
+        finally:
+            proxy.heal()
+        healed_at = time.time()
+        wait_for(
+            lambda: (
+                a.log().count(NOT_STARTED) >= 2 or notes_of(a.pid)["landed-0"] + notes_of(a.pid)["landed-1"]
+            ),
+            STALL_S,
+            "A to read the two replies held by the cut",
+        )
+        wait_for(
+            lambda: notes_of(a.pid) + notes_of(c.pid) >= Counter({"held-0": 2, "held-1": 2}),
+            STALL_S,
+            "both runs of each held job to end (A's, begun before the cut, and C's)",
+        )
+        print(f"\n[sharded] partition: A logged {a.log().count(NOT_STARTED)} fetched job(s) as not started")
+        after = [f"after-{i}" for i in range(6)]
+        for tag in after:
+            jobs.record.set(queue=q).delay(tag)
+        wait_for(
+            lambda: set(after) <= {str(n["tag"]) for n in cog.notes()},
+            STALL_S,
+            "new jobs to run after the cut",
+        )
+        runs = Counter(str(n["tag"]) for n in cog.notes())
+        assert runs == Counter(
+            {"held-0": 2, "held-1": 2, "landed-0": 1, "landed-1": 1, **dict.fromkeys(after, 1)}
+        )
+        assert notes_of(a.pid)["landed-0"] == notes_of(a.pid)["landed-1"] == 0, (
+            "A started no job it got in the cut"
+        )
+        assert not [n for n in cog.notes("started") if n["pid"] == a.pid and n["at"] > healed_at]
+        wait_for(lambda: cog.redis.llen(a_list) == 0, STALL_S, "A's list to empty")
+        a.signal(signal.SIGTERM)
+        c.signal(signal.SIGTERM)
+        assert a.wait(STALL_S) == 0 and c.wait(STALL_S) == 0
