@@ -134,7 +134,7 @@ class HeldThread:
         self.fetched = threading.Event()
         self.release = threading.Event()
         original_call = getattr(owner, name)
-        original_beat = Heartbeat.beat
+        original_beat, original_group_beat = Heartbeat.beat, Heartbeat.beat_group
         held = self
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -144,13 +144,20 @@ class HeldThread:
                 held.release.wait(30)
             return got
 
-        def beat(heartbeat: Heartbeat) -> Any:
+        def beat(heartbeat: Heartbeat, *args: Any, **kwargs: Any) -> Any:
             if held.fetched.is_set() and not held.release.is_set():
                 raise redis.ConnectionError("this process is stopped")
-            return original_beat(heartbeat)
+            return original_beat(heartbeat, *args, **kwargs)
+
+        def group_beat(heartbeat: Heartbeat, *args: Any) -> Any:
+            # Under SHARDING, the beat its group's master judges it by.
+            if held.fetched.is_set() and not held.release.is_set():
+                raise redis.ConnectionError("this process is stopped")
+            return original_group_beat(heartbeat, *args)
 
         monkeypatch.setattr(owner, name, call)
         monkeypatch.setattr(Heartbeat, "beat", beat)
+        monkeypatch.setattr(Heartbeat, "beat_group", group_beat)
 
 
 def test_g18_a_revived_process_does_not_start_a_job_fetched_before_it_stopped(cog, in_process, monkeypatch):

@@ -2,15 +2,15 @@
 Redis Cluster of three masters, each with a replica.
 
 The tests of ``tests/test_guarantees.py`` that ``tests/test_cluster.py``
-collects on the one-slot layout (those that need no server of their own)
-run again here with ``SHARDING = "queues"``, every test queue in one group
-(``{N:all}``): the group's keys (queues, in-progress lists, sets, the
-beats its master judges a death by) in one slot, and the shared ones
-(registry, process records, stats, paused queues) under ``{N}``, in
-another slot, often on another master. The tests' own reads and writes go
-to the group's keys through the same helpers (``keys()``, ``cog.key()``),
-and workers start with ``--skip-checks`` (this release refuses
-``SHARDING`` at startup: E035).
+collects on the one-slot layout (those that need no server of their own),
+and the G18 tests of ``tests/test_revival.py``, run again here with
+``SHARDING = "queues"``, every test queue in one group (``{N:all}``): the
+group's keys (queues, in-progress lists, sets, the beats its master judges
+a death by) in one slot, and the shared ones (registry, process records,
+stats, paused queues) under ``{N}``, in another slot, often on another
+master. The tests' own reads and writes go to the group's keys through the
+same helpers (``keys()``, ``cog.key()``), and workers start with
+``--skip-checks`` (this release refuses ``SHARDING`` at startup: E035).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 
 from django_cogworker.connection import get_keys
 from tests import test_guarantees as guarantees
+from tests import test_revival
 from tests.conftest import CogEnv, delete_sharded
 from tests.test_guarantees import (  # noqa: F401
     test_g1_jobs_of_a_sigkilled_worker_all_run_and_each_job_is_always_in_one_place,
@@ -41,6 +42,12 @@ from tests.test_guarantees import (  # noqa: F401
     test_g12_a_broken_in_progress_list_does_not_stop_recovery_of_others_nor_the_poller,
     test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues,
     test_g13_bad_payloads_are_filed_in_dead_with_raw_kept_and_the_worker_goes_on,
+)
+from tests.test_revival import (  # noqa: F401
+    test_g18_a_job_fetched_long_ago_but_still_owned_runs,
+    test_g18_a_late_ack_of_a_revived_process_leaves_the_new_owners_orphan_counter,
+    test_g18_a_late_failure_of_a_revived_process_is_not_filed,
+    test_g18_a_revived_process_does_not_start_a_job_fetched_before_it_stopped,
 )
 from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
@@ -74,7 +81,8 @@ def sharded_layout(
 
     cog.key_of = key_of
     cog.worker_args = ("--skip-checks",)
-    monkeypatch.setattr(guarantees, "keys", lambda: get_keys().group(GROUP))
+    for module in (guarantees, test_revival):
+        monkeypatch.setattr(module, "keys", lambda: get_keys().group(GROUP))
     yield
     client = redis_cluster.client()
     try:
