@@ -92,6 +92,11 @@ class Keys:
         self.results_prefix = f"{g}:result:"
         self.clearing_prefix = f"{g}:clearing:"
         self.limit_waiting_prefix = f"{g}:limit:"
+        #: Under SHARDING: the group's waiting lists ("<limiter>\0<queue>"
+        #: -> the limiter's spec), and the processes found dead whose slots
+        #: are still to be freed (limits/sharded.py).
+        self.limit_waiters = f"{g}:limit_waiters"
+        self.limits_freeing = f"{g}:limits:freeing"
         self.process_prefix = f"{g}:process:"
         self.last_beat = f"{g}:last_beat"
         self.beats = f"{g}:beats"

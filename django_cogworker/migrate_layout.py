@@ -3,8 +3,9 @@
 Turning ``SHARDING`` on changes where each queue group's keys live: a
 queue ``{N}:queue:<q>`` becomes ``{N:<g>}:queue`` (or ``:queue:<q>``), and
 the schedule, retry, dead and unsettled sets and the in-progress lists
-split by group (``docs/redis-layout.md``). The shared keys (stats,
-processes, limiters, batches) keep their names. :func:`migrate` moves every
+split by group (``docs/redis-layout.md``), and so do the limiters' waiting
+lists. The shared keys (stats, processes, limiters, batches) keep their
+names. :func:`migrate` moves every
 job of the old layout to its group's key, entry by entry, each move
 idempotent so that a migration killed at any point and run again moves
 nothing twice and loses nothing:
@@ -15,6 +16,8 @@ nothing twice and loses nothing:
   taken off the old list only then. A rerun whose push finds the digest
   there only takes it off (the digests expire after ``MIGRATED_TTL_S``);
 - a sorted-set entry: ``ZADD`` (idempotent by nature), then ``ZREM``;
+- a limiter's waiting list: as a list, into the group of its queue, which
+  notes it (``limit_waiters``) first;
 - the job's unique and periodic running locks, and its orphan counter,
   follow it to its group (with what is left of their TTL) before it moves.
 
@@ -89,7 +92,22 @@ class Migration:
         for key in self._scan(old.inprogress_prefix + "*"):
             # A dead process's jobs: back on their queues, as recovery would.
             self._list(key, "in progress, requeued", lambda raw: self._into(raw, ""))
+        for key in self._scan(old.limit_waiting("*", "*")):
+            self._waiting(key)
         return self.counts
+
+    def _waiting(self, key: str) -> None:
+        """A limiter's waiting list for a queue, to the queue's group, in
+        its order; the group notes it first (``limit_waiters``), so that a
+        wake finds it (docs/limits.md, Under sharding). The limiter's own
+        keys are shared: they keep their names."""
+        name, _, queue = key.removeprefix(self.old.limit_prefix).rpartition(":waiting:")
+        group = self.new.for_queue(queue)
+        spec = self.client.hget(self.old.limits, name)
+        if spec is not None and not self.dry:
+            self.client.hset(group.limit_waiters, f"{name}\0{queue}", spec)
+        target = group.limit_waiting(name, queue)
+        self._list(key, "waiting for a limiter", lambda raw: (group, target))
 
     def _into(self, raw: bytes, name: str) -> tuple[Keys, str]:
         """The group of the job's queue, and its list ``name`` there (its

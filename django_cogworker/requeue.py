@@ -20,7 +20,7 @@ from typing import Any
 from django_cogworker.conf import DEFAULT_QUEUE, Config
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
-from django_cogworker.limits import state
+from django_cogworker.limits import sharded, state
 from django_cogworker.payload import Payload, parse
 from django_cogworker.scripts import Arg, script
 
@@ -140,8 +140,9 @@ def requeue_list(
     pipe = client.pipeline(transaction=False)
     pipe.lrange(list_key, 0, -1)
     # Under SHARDING the holds (G23) are in the {N} slot, not the group's:
-    # not freed here yet, and KEYS[7] is only a place holder (no slot named).
-    holds_key = list_key if keys.sharded else keys.limit_held(identity)
+    # the script notes the owner in its group, and they are freed after.
+    freeing = keys.sharded and bool(client.exists(keys.limit_held(identity)))
+    holds_key = keys.limits_freeing if keys.sharded else keys.limit_held(identity)
     if not keys.sharded:
         pipe.smembers(holds_key)
     listed, *held = pipe.execute()
@@ -164,7 +165,7 @@ def requeue_list(
         config.max_orphanings,
         "" if stall_gap_s is None else repr(stall_gap_s),
         PERIODIC_QUEUED_TTL_S,
-        len(holds),
+        "f" if freeing else len(holds),
     ]
     # G23: the slots it holds are freed in the same call, under the same check.
     for member in holds:
@@ -185,9 +186,14 @@ def requeue_list(
             flags += "l"
             script_keys.append(where.lock_key)
         args += [raw, flags, where.jid, where.mark_prefix or b""]
-    if if_dead_for_s is None and not listed and not holds:
+    if if_dead_for_s is None and not listed and not holds and not freeing:
         return 0, []
     reply = script("requeue")(client, script_keys, args)
+    if freeing and int(reply[0]) >= 0:
+        try:
+            sharded.free_owner(client, keys, identity)
+        except Exception as exc:
+            logger.warning("could not free the limiter slots of %s yet (%s); the sweep will", identity, exc)
     if holds and int(reply[0]) >= 0:
         wake_freed(client, keys, {member.partition(b"\0")[0] for member in holds})
     return int(reply[0]), list(reply[1:])

@@ -162,11 +162,12 @@ class Settler:
     def apply(self, work: UnitOfWork, how: Pending) -> None:
         flow, ctx = workflow_of(work), self.ctx
         if work.holds:
-            if flow is None:
+            if flow is None and not ctx.keys.sharded:
                 self.apply_releasing(work, how)
                 return
-            # Released first, then settled with the workflow's effects: a
-            # crash between leaves the job on our list, run again.
+            # Released first, then settled (with the workflow's effects; in
+            # another slot than the limiters under SHARDING): a crash
+            # between leaves the job on our list, run again.
             state.release(ctx.client, ctx.keys, ctx.identity, work.jid, work.queue, work.holds)
             work.holds = ()
         if flow is not None:

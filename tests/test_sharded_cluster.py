@@ -1,8 +1,8 @@
 """The sharded layout (SPEC section 16) on a real Redis Cluster of three
 masters, each with a replica.
 
-This release refuses ``SHARDING = "queues"`` (E035): limits and workflows
-do not span groups yet. What is there runs here, workers started with
+This release refuses ``SHARDING = "queues"`` (E035): workflows do not
+span groups yet (limiters do: ``tests/test_sharded_limits.py``). What is there runs here, workers started with
 ``--skip-checks``:
 queues spread over the masters (their share of the commands), each script
 call in one slot (a cluster refuses any other), a SIGKILLed worker of

@@ -16,7 +16,8 @@ same helpers (``keys()``, ``cog.key()``), and workers start with
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -67,15 +68,30 @@ def sharded_layout(
     monkeypatch: pytest.MonkeyPatch,
     redis_cluster: ClusterGroup,  # noqa: F811
 ) -> Iterator[None]:
+    with one_group(cog, monkeypatch, redis_cluster, QUEUES, lambda s: s.startswith(SHARED)):
+        yield
+
+
+@contextmanager
+def one_group(
+    cog: CogEnv,
+    monkeypatch: pytest.MonkeyPatch,
+    cluster: ClusterGroup,
+    queues: list[str],
+    shared: Callable[[str], bool],
+) -> Iterator[None]:
+    """``SHARDING = "queues"`` in a fresh namespace, ``queues`` in the group
+    ``GROUP``; the tests' key names (``cog.key()``, the guarantee modules'
+    ``keys()``) follow it, ``shared(suffix)`` telling those in ``{N}``."""
     namespace = f"s{uuid.uuid4().hex[:12]}"
     cog.namespace = namespace
-    cog.configure(NAMESPACE=namespace, SHARDING="queues", QUEUE_GROUPS={GROUP: QUEUES})
+    cog.configure(NAMESPACE=namespace, SHARDING="queues", QUEUE_GROUPS={GROUP: queues})
     group = get_keys().group(GROUP)
 
     def key_of(suffix: str) -> str:
         if suffix.startswith("queue:"):
             return group.queue(suffix.removeprefix("queue:"))
-        if suffix.startswith(SHARED):
+        if shared(suffix):
             return f"{{{namespace}}}:{suffix}"
         return f"{group.tag}:{suffix}"
 
@@ -84,7 +100,7 @@ def sharded_layout(
     for module in (guarantees, test_revival):
         monkeypatch.setattr(module, "keys", lambda: get_keys().group(GROUP))
     yield
-    client = redis_cluster.client()
+    client = cluster.client()
     try:
         delete_sharded(client, namespace)
     finally:

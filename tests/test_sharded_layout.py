@@ -1,8 +1,8 @@
 """The sharded key layout (SPEC section 16) on one plain server.
 
-This release refuses ``SHARDING = "queues"`` (E035): limits and workflows
-do not yet span groups (the admin's and the API's merged views:
-``tests/test_sharded_views.py``). What
+This release refuses ``SHARDING = "queues"`` (E035): workflows do not yet
+span groups (the admin's and the API's merged views:
+``tests/test_sharded_views.py``; limiters: ``tests/test_sharded_limits.py``). What
 it has is the layout and the seam every key goes through (``keys.py``).
 These tests run workers with sharding on against one plain redis-server
 (``--skip-checks``, which also lets the URL name no cluster), so that a key

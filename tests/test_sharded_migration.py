@@ -26,7 +26,7 @@ from django_cogworker.connection import get_keys
 from django_cogworker.keys import Keys, keys
 from django_cogworker.migrate_layout import Migration
 from django_cogworker.payload import encode
-from testproject.testapp import jobs
+from testproject.testapp import jobs, limited_jobs
 from tests.conftest import MANAGE, ROOT, CogEnv, cpu_seconds, delete_sharded, manage_env, wait_for
 
 GROUPS = {"mail": ["mail", "mail_bulk"]}
@@ -168,3 +168,48 @@ def test_migration_stopped_between_a_move_and_its_removal_moves_that_entry_once(
     Migration(cog.redis, new).run()
     assert every_job(cog, new, ["default"]) == before
     assert every_job(cog, old, []) == Counter()
+
+
+def test_g16_migration_moves_a_limiters_waiters_to_their_groups_in_order_and_they_run(
+    cog: CogEnv, namespace: str
+) -> None:
+    """Jobs waiting for a limiter's slot in the one-slot layout move to the
+    waiting lists of their queues' groups, in their line's order, each
+    noted in its group; the sharded workers then let them in under the
+    limit, each once."""
+    old = get_keys()
+    spec = limited_jobs.ERP.spec()
+    lines = {"default": ["d0", "d1", "d2"], "mail": ["m0", "m1"]}
+    for queue, tags in lines.items():
+        for tag in tags:
+            payload = limited_jobs.erp_sync.set(queue=queue).payload((0.1, tag), {})
+            cog.redis.rpush(old.limit_waiting("erp", queue), encode(payload))
+        cog.redis.sadd(old.limit("erp", "queues"), queue)
+    cog.redis.hset(old.limits, "erp", spec)
+    waiting = {q: cog.redis.lrange(old.limit_waiting("erp", q), 0, -1) for q in lines}
+
+    new = sharded(cog, namespace)
+    out = StringIO()
+    call_command("cogworker_migrate", stdout=out)
+    assert "5 waiting for a limiter" in out.getvalue(), out.getvalue()
+    for queue in lines:
+        group = new.for_queue(queue)
+        assert cog.redis.lrange(group.limit_waiting("erp", queue), 0, -1) == waiting[queue]
+        assert cog.redis.hget(group.limit_waiters, f"erp\0{queue}") == spec.encode()
+        assert not cog.redis.exists(old.limit_waiting("erp", queue))
+    # The limiter's own keys are shared: the same names.
+    assert cog.redis.smembers(new.limit("erp", "queues")) == {b"default", b"mail"}
+
+    workers = [
+        cog.start_worker("--skip-checks", QUEUES=["default"]),
+        cog.start_worker("--skip-checks", QUEUES=["mail", "mail_bulk"]),
+    ]
+    expected = {tag for tags in lines.values() for tag in tags}
+    wait_for(
+        lambda: expected <= {str(n["tag"]) for n in cog.notes()},
+        STALL_S,
+        "the waiters to be let in",
+        progress=lambda: sum(cpu_seconds(w.pid) for w in workers),
+    )
+    assert Counter(str(n["tag"]) for n in cog.notes()) == Counter(dict.fromkeys(expected, 1))
+    assert int(cog.redis.get(f"{namespace}:test:gauge:erp:max") or 0) <= 2

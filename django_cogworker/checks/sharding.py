@@ -61,7 +61,7 @@ def _check_mode(values: dict[str, Any]) -> list[CheckMessage]:
     errors.append(
         error(
             "COGWORKER['SHARDING'] = 'queues' is not available in this release: workers beat, "
-            "recover and fetch per queue group, but limits and workflows do not span groups yet.",
+            "recover, fetch and limit per queue group, but workflows do not span groups yet.",
             "Leave SHARDING out: on a Redis Cluster every key then lives in the '{cogworker}' slot.",
             "cogworker.E035",
         )

@@ -15,60 +15,32 @@ keeps them in one slot), and read their replies:
 - :func:`wake`, waiters moved back onto their queues while there is room;
 - :func:`unreserve`, the reservation of a promoted waiter dropped unrun;
 - :func:`sweep`, each poller pass: wakes that were missed, idle names forgotten.
+
+Under ``SHARDING`` a job's lists and its limiters are in two slots: each
+call then goes to :mod:`.sharded`, which splits it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from django_cogworker.keys import Keys
+from django_cogworker.limits import sharded
+from django_cogworker.limits.layout import (
+    PROMOTED_TTL_S,
+    SEPARATOR,
+    Admission,
+    common_keys,
+    numbers,
+    text,
+    waiting_queues,
+)
 from django_cogworker.limits.limiter import Limiter, limiter_of
 from django_cogworker.scripts import Arg, script
 
 logger = logging.getLogger("django_cogworker")
-
-#: A waiter put back on its queue keeps its slot reserved this long: time
-#: for a worker to fetch it. One never fetched (deleted from its queue)
-#: stops holding the slot back after that.
-PROMOTED_TTL_S = 60
-
-#: Members of a process's holds set: "<name>\0<jid>" (a name holds no NUL).
-SEPARATOR = "\0"
-
-
-@dataclass(frozen=True)
-class Admission:
-    """How ``admit.lua`` answered: ``admitted``; else the full limiter's
-    name, and the seconds until a rate's window has room (0: a release
-    wakes it); ``ours`` False when the job was no longer ours (G18)."""
-
-    admitted: bool
-    name: str = ""
-    wait_s: float = 0.0
-    ours: bool = True
-
-
-def _used(keys: Keys, limiter: Limiter) -> str:
-    return keys.limit(limiter.name, "holders" if limiter.kind == "c" else "starts")
-
-
-def _common(keys: Keys, limiter: Limiter) -> list[str]:
-    """used, promoted, max, queues: the keys lib/limits.lua's functions take."""
-    name = limiter.name
-    return [
-        _used(keys, limiter),
-        keys.limit(name, "promoted"),
-        keys.limit(name, "max"),
-        keys.limit(name, "queues"),
-    ]
-
-
-def _numbers(limiter: Limiter) -> list[Arg]:
-    """kind, n, per: how the scripts take a limiter."""
-    return [limiter.kind, limiter.n, repr(limiter.per)]
 
 
 def admit(
@@ -84,6 +56,10 @@ def admit(
     park: bool = True,
     listed: bool = True,
 ) -> Admission:
+    if keys.sharded:
+        return sharded.admit(
+            client, keys, inprogress, identity, raw, jid, queue, limiters, park=park, listed=listed
+        )
     script_keys = [inprogress, keys.limit_held(identity), keys.limits]
     args: list[Arg] = [
         raw,
@@ -95,15 +71,15 @@ def admit(
         "1" if listed else "0",
     ]
     for limiter in limiters:
-        script_keys += [*_common(keys, limiter), keys.limit_waiting(limiter.name, queue)]
-        args += [limiter.name, *_numbers(limiter), limiter.spec()]
+        script_keys += [*common_keys(keys, limiter), keys.limit_waiting(limiter.name, queue)]
+        args += [limiter.name, *numbers(limiter), limiter.spec()]
     reply = script("admit")(client, script_keys, args)
     code = int(reply[0])
     if code == 1:
         return Admission(True)
     if code == -1:
         return Admission(False, ours=False)
-    return Admission(False, _text(reply[1]), float(reply[2]))
+    return Admission(False, text(reply[1]), float(reply[2]))
 
 
 def park(
@@ -113,9 +89,11 @@ def park(
     queue if the limiter has room by now). Returns the seconds until a
     rate's window has room (0.0 otherwise), None when it went back to its
     queue or was no longer ours."""
+    if keys.sharded:
+        return sharded.park(client, keys, inprogress, raw, jid, queue, limiter, listed)
     script_keys = [
         inprogress,
-        *_common(keys, limiter),
+        *common_keys(keys, limiter),
         keys.limit_waiting(limiter.name, queue),
         keys.queue(queue),
     ]
@@ -141,7 +119,8 @@ def release_args(
     script_keys = [keys.limit_held(identity)]
     args: list[Arg] = [identity, PROMOTED_TTL_S]
     for limiter in holds:
-        script_keys += [*_common(keys, limiter), keys.limit_waiting(limiter.name, queue), keys.queue(queue)]
+        waiting = keys.limit_waiting(limiter.name, queue)
+        script_keys += [*common_keys(keys, limiter), waiting, keys.queue(queue)]
         args += [limiter.name, jid, limiter.n]
     args.append(queue)
     return script_keys, args
@@ -150,6 +129,8 @@ def release_args(
 def release(client: Any, keys: Keys, identity: str, jid: str, queue: str, holds: Sequence[Limiter]) -> int:
     """Frees slots taken in job code; returns how many limiters have room
     and waiters on other queues (wake those)."""
+    if keys.sharded:
+        return sharded.release(client, keys, identity, jid, holds)
     return int(script("release")(client, *release_args(keys, identity, jid, queue, holds)))
 
 
@@ -157,7 +138,7 @@ def held(client: Any, keys: Keys, identity: str) -> list[tuple[str, str]]:
     """The (limiter name, jid) slots ``identity`` holds."""
     slots = []
     for member in client.smembers(keys.limit_held(identity)):
-        name, _, jid = _text(member).partition(SEPARATOR)
+        name, _, jid = text(member).partition(SEPARATOR)
         slots.append((name, jid))
     return slots
 
@@ -165,15 +146,12 @@ def held(client: Any, keys: Keys, identity: str) -> list[tuple[str, str]]:
 def wake(client: Any, keys: Keys, name: str, limiter: Limiter | None = None) -> tuple[int, float]:
     """Moves waiters of ``name`` back onto their queues while it has room.
     Returns (how many moved, seconds until a full rate window has room)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hget(keys.limits, name)
-    pipe.smembers(keys.limit(name, "queues"))
-    spec, queues = pipe.execute()
-    limiter = limiter or limiter_of(name, spec)
-    if limiter is None or not queues:
+    if keys.sharded:
+        return sharded.wake(client, keys, name, limiter)
+    limiter, names = waiting_queues(client, keys, name, limiter)
+    if limiter is None or not names:
         return 0, 0.0
-    names = sorted(_text(q) for q in queues)
-    script_keys = _common(keys, limiter)
+    script_keys = common_keys(keys, limiter)
     for queue in names:
         script_keys += [keys.limit_waiting(name, queue), keys.queue(queue)]
     reply = script("promote")(
@@ -203,8 +181,12 @@ def sweep(client: Any, keys: Keys) -> float | None:
     rate window that reopened with no worker told) and forgets the names
     with nothing left (no holder, start, waiter, reservation or override),
     so that dynamic names (``account:<id>``) leave no key behind. Returns
-    the shortest wait of a rate that is full, if any."""
-    registry = {_text(name): spec for name, spec in client.hgetall(keys.limits).items()}
+    the shortest wait of a rate that is full, if any. Under SHARDING,
+    ``keys`` are the poller's group's, which it repairs first
+    (:func:`.sharded.repair`)."""
+    if keys.sharded:
+        sharded.repair(client, keys)
+    registry = {text(name): spec for name, spec in client.hgetall(keys.limits).items()}
     if not registry:
         return None
     names = sorted(registry)
@@ -223,7 +205,3 @@ def sweep(client: Any, keys: Keys) -> float | None:
         elif not (holders or starts or promoted or override):
             script("forget_limiter")(client, [keys.limits, *(keys.limit(name, p) for p in PARTS)], [name])
     return shortest
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value

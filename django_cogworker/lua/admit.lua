@@ -9,13 +9,18 @@
 -- ARGV[1] = the job as fetched, ARGV[2] = jid, ARGV[3] = identity, ARGV[4]
 -- = the queue's name, ARGV[5] = promoted TTL (s), ARGV[6] = "1" to park
 -- over the limit, "0" to refuse only (acquire() in job code: the job parks
--- when its run has ended, park.lua), ARGV[7] = "1" when the job must be on
+-- when its run has ended, park.lua), "m" to refuse and note the queue as
+-- having waiters (under SHARDING the job's lists are in another slot: the
+-- caller then parks it there, limits/sharded.py; KEYS[1] and the waiting
+-- lists are not read, ARGV[7] must be "0"), ARGV[7] = "1" when the job must be on
 -- the list (reliable fetch), "0" (basic fetch: there is none); then 5 per
 -- limiter: name, kind ("c",
 -- "r"), n, per (s), its spec (JSON, for the registry).
 -- Returns {1} admitted; {0, name, wait} over the limit of `name` (parked if
 -- asked), wait = seconds until a rate window has room (0: a release will
--- wake it); {-1} when the job is no longer on the list (G18: not ours).
+-- wake it), and in mode "m" a fourth: 1 if the job had been promoted (it
+-- keeps its turn: the head of the line); {-1} when the job is no longer on
+-- the list (G18: not ours).
 local inprogress, held, registry = KEYS[1], KEYS[2], KEYS[3]
 local job, jid, identity, queue_name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ttl, park = tonumber(ARGV[5]), ARGV[6] == "1"
@@ -41,6 +46,10 @@ for i = 0, count - 1 do
       end
       redis.call("SADD", KEYS[k + 3], queue_name)
       redis.call("LREM", inprogress, 1, job)
+    elseif ARGV[6] == "m" then
+      local was = redis.call("ZREM", promoted, jid)
+      redis.call("SADD", KEYS[k + 3], queue_name)
+      return {0, ARGV[a], tostring(wait_s(kind, used, per, now)), was}
     end
     return {0, ARGV[a], tostring(wait_s(kind, used, per, now))}
   end

@@ -21,7 +21,8 @@
 -- TTL (s); ARGV[5] = MAX_ORPHANINGS; ARGV[6] = the longest silence of all
 -- beats (s) not taken for a Redis stall (HEARTBEAT_TTL), or ""; ARGV[7] =
 -- the periodic lock TTL (s); ARGV[8] = how many slots the owner holds, then
--- two per slot: the limiter's name and the jid; then four per job: the job as on the list,
+-- two per slot: the limiter's name and the jid (or "f" and none under
+-- SHARDING, KEYS[7] then the group's limits_freeing set); then four per job: the job as on the list,
 -- its flags ("d": finished, dropped, which is its ack; "k": kept, the
 -- caller hands it to unsettled next; "s": spared, a recovered job the dead
 -- process held but had not started, whose orphanings are not counted
@@ -75,6 +76,14 @@ writable_when_full(KEYS[1])
 -- its jobs' requeue, never by a TTL; only where it still holds them (a
 -- slot it released, or one another process took since, stays as it is).
 local slots = tonumber(ARGV[8])
+if not slots then
+  -- "f", under SHARDING: the holds are in another slot. The owner is noted
+  -- in KEYS[7], its group's set of owners whose slots are to be freed; the
+  -- caller frees them and forgets it (limits/sharded.py), or whoever sweeps
+  -- the group next, if the caller dies in between.
+  redis.call("SADD", KEYS[7], ARGV[1])
+  slots = 0
+end
 for s = 1, slots do
   release_slot(KEYS[7 + s], KEYS[7], ARGV[7 + 2 * s], ARGV[8 + 2 * s], ARGV[1])
 end

@@ -10,7 +10,7 @@ import time
 
 from django_cogworker import job, limits
 from django_cogworker.conf import get_config
-from django_cogworker.connection import get_redis
+from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import current_job
 from testproject.testapp.jobs import _note
 
@@ -54,15 +54,11 @@ def import_account(account: int, seconds: float, tag: object = None) -> None:
 def charge(tag: object = None) -> None:
     """Records its start on Redis's clock, and when the limiter admitted it
     (its entry in the rate's starts, also on Redis's clock)."""
-    client, namespace = get_redis(), get_config().namespace
+    client = get_redis()
     seconds, micros = client.time()
     ctx = current_job()
-    admitted = [
-        score
-        for _, score in client.zscan_iter(
-            f"{namespace}:limit:stripe:starts", match=f"{ctx.jid}:*" if ctx else ""
-        )
-    ]
+    starts = get_keys().limit(STRIPE.name, "starts")
+    admitted = [score for _, score in client.zscan_iter(starts, match=f"{ctx.jid}:*" if ctx else "")]
     _note("runs", tag=tag, redis_at=seconds + micros / 1e6, admitted_at=admitted[0] if admitted else None)
 
 
