@@ -313,7 +313,7 @@ def _queue_writes(
             by_set.setdefault(k.for_payload(p).schedule, {})[raw] = at
         for zset, entries in by_set.items():
             pipe.zadd(zset, entries)
-        if k.sharded and also is None:
+        if k.sharded and not _apart(k, also):
             # The views find a group's sets through the queues Redis knows
             # of (shards.known_groups): one with only jobs for later too.
             pipe.sadd(k.queues, *{p["queue"] for p in payloads})
@@ -322,19 +322,22 @@ def _queue_writes(
     for p, raw in zip(payloads, encode_many(payloads), strict=True):
         by_queue.setdefault(p["queue"], []).append(raw)
     for queue, raws in by_queue.items():
-        if not (k.sharded and also is not None):
+        if not _apart(k, also):
             pipe.sadd(k.queues, queue)
         pipe.lpush(k.queue(queue), *raws)
     return [k.queue(queue) for queue in by_queue]
 
 
+def _apart(k: Keys, also: Also | None) -> bool:
+    """Whether the registry (``N:queues``) is written before the push, not
+    with it: under SHARDING, a MULTI with the Tasks record holds one slot,
+    its group's, and the registry is in ``{N}``."""
+    return k.sharded and also is not None
+
+
 def _register_apart(k: Keys, payloads: list[Payload], also: Also | None) -> tuple[str, ...]:
-    """The queues to add to ``N:queues`` before a MULTI under SHARDING:
-    the registry is in the ``{N}`` slot, the push in its group's, and one
-    MULTI holds one slot (the Tasks record is in the group too)."""
-    if not (k.sharded and also is not None):
-        return ()
-    return tuple({str(p["queue"]) for p in payloads})
+    """The queues to add to ``N:queues`` before the push (:func:`_apart`)."""
+    return tuple({str(p["queue"]) for p in payloads}) if _apart(k, also) else ()
 
 
 def _registered_now(k: Keys, payloads: list[Payload], at: float | None) -> None:

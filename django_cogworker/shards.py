@@ -22,7 +22,7 @@ from redis.crc import key_slot
 
 from django_cogworker import registry
 from django_cogworker.conf import QueueSpec, get_config
-from django_cogworker.connection import describe, is_cluster
+from django_cogworker.connection import describe, get_keys, get_redis, is_cluster
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.keys import Keys
@@ -124,6 +124,13 @@ def known_groups(client: Any, keys: Keys) -> list[Keys]:
     names |= {q.name for q in config.queues} | {q for q, _ in config.queue_groups}
     names |= {job.queue for job in map(registry.get, registry.names()) if job is not None}
     return [keys.group(g) for g in sorted({keys.group_of(q) for q in names})]
+
+
+@redis_boundary("read the queue groups")
+def groups_known() -> list[Keys]:
+    """:func:`known_groups` with this project's client and keys: what the
+    API's views that merge the groups read when first needed."""
+    return known_groups(get_redis(), get_keys())
 
 
 def _address(node: Any) -> str:

@@ -82,7 +82,7 @@ def test_g16_sharded_views_page_and_iterate_every_group_in_the_sets_order(
     assert jids(list(api.DeadSet())) == dead
     # One group known: its own set, read by offset.
     mail = [j for j in expected if api.RetrySet().find(j).queue in ("mail", "mail_bulk")]
-    monkeypatch.setattr(sets, "known_groups", lambda client, keys: [keys.group("mail")])
+    monkeypatch.setattr(sets, "groups_known", lambda: [get_keys().group("mail")])
     assert jids(api.RetrySet().page(0, 100)) == mail and jids(list(api.RetrySet())) == mail
 
 

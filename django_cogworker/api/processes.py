@@ -38,7 +38,7 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.payload import Payload
-from django_cogworker.shards import known_groups
+from django_cogworker.shards import groups_known
 from django_cogworker.summaries import args_preview, summary_field
 
 #: How long an unread signal waits for its process (s).
@@ -249,8 +249,7 @@ class InProgress:
     @property
     def lists(self) -> list[str]:
         if self._lists is None:
-            with redis_boundary("read the queue groups"):
-                self._lists = [g.inprogress(self.identity) for g in known_groups(get_redis(), get_keys())]
+            self._lists = [g.inprogress(self.identity) for g in groups_known()]
         return self._lists
 
     @property

@@ -211,16 +211,18 @@ class JobRecord:
     def crosses(self, action: str) -> bool:
         """Whether ``action`` would move it into another queue group's slot
         (``_across``): only a retry can."""
-        if action != "retry" or not self.home.sharded:
+        if action != "retry" or not self.home.sharded or self.kind in ("queue", "inprogress"):
             return False
-        call = self._retry_call()
-        return call is not None and self._across(call)
+        return self._apart(get_keys().queue(self.destination_queue))
 
     def _across(self, call: MoveCall) -> bool:
         """Whether ``call`` moves the entry into another queue group's slot
         (a payload naming a queue of another group: pushed by hand, or
         ``QUEUE_GROUPS`` changed since), which no one script can do."""
-        return self.home.sharded and not call[0][1].startswith(self.home.tag)
+        return self._apart(call[0][1])
+
+    def _apart(self, destination: str) -> bool:
+        return self.home.sharded and not destination.startswith(self.home.tag)
 
     def _queue_action(self, pipe: Any, action: str) -> bool:
         """Adds ``action`` on this entry to a pipeline; False if it does not apply."""

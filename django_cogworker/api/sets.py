@@ -28,7 +28,7 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.keys import Keys
-from django_cogworker.shards import known_groups
+from django_cogworker.shards import groups_known
 
 
 class JobSet(abc.ABC):
@@ -49,8 +49,7 @@ class JobSet(abc.ABC):
     def groups(self) -> list[Keys]:
         """The keys of each queue group whose entries this set merges."""
         if self._groups is None:
-            with redis_boundary("read the queue groups"):
-                self._groups = known_groups(get_redis(), get_keys())
+            self._groups = groups_known()
         return self._groups
 
     @property
