@@ -8,7 +8,8 @@ hash-tagged namespace (``{name}``, as on a cluster) every key built in
 itself: ``tests/slot_guard.py`` wraps every way a script is sent and writes
 one line per call, in this process (enqueues, the API) and in real worker
 processes (through a ``sitecustomize``). One workload, on the plain server
-of the ``cog`` fixture, then reaches every script but one (``REACHED``,
+of the ``cog`` fixture, then reaches every script but those sent only at a
+faulty shutdown, under SHARDING or by the migration (``REACHED``,
 ``NOT_REACHED``), and no call may span slots or leave the namespace's.
 """
 
@@ -74,6 +75,13 @@ NOT_REACHED = {
     "group_beat": "a beat to a worker's queue group (SHARDING)",
     # Sent only by manage.py cogworker_migrate: tests/test_sharded_migration.py.
     "migrate_push": "a job moved to the sharded layout",
+    # A limiter's steps under SHARDING, split by slot (limits/sharded.py):
+    # tests/test_sharded_limit_steps.py runs each with this guard.
+    "room": "a job parking from its code under SHARDING",
+    "shift": "a job moved into its group's waiting line or queue under SHARDING",
+    "reserve": "a wake reserving slots under SHARDING",
+    "promote_group": "a wake moving waiters onto their queue under SHARDING",
+    "release_held": "slots freed under SHARDING",
 }
 
 #: A worker that beats only at its start (and deregisters as it stops), so

@@ -2,8 +2,10 @@
 Redis Cluster of three masters, each with a replica.
 
 The tests of ``tests/test_guarantees.py`` that ``tests/test_cluster.py``
-collects on the one-slot layout (those that need no server of their own),
-and the G18 tests of ``tests/test_revival.py``, run again here with
+collects on the one-slot layout (those that need no server of their own)
+and its G14 tests of a worker,
+the G18 tests of ``tests/test_revival.py`` and the G19 tests of
+``tests/test_bounds.py`` that run a worker, run again here with
 ``SHARDING = "queues"``, every test queue in one group (``{N:all}``): the
 group's keys (queues, in-progress lists, sets, the beats its master judges
 a death by) in one slot, and the shared ones (registry, process records,
@@ -22,9 +24,15 @@ from contextlib import contextmanager
 import pytest
 
 from django_cogworker.connection import get_keys
+from tests import test_bounds, test_revival
 from tests import test_guarantees as guarantees
-from tests import test_revival
 from tests.conftest import CogEnv, delete_sharded
+from tests.test_bounds import (  # noqa: F401
+    test_g19_a_finished_jobs_ack_goes_with_the_next_call_not_a_job_later,
+    test_g19_a_recovered_job_that_finished_is_not_counted_again_when_its_process_dies,
+    test_g19_a_sigkill_orphans_at_most_concurrency_jobs,
+    test_g19_an_in_progress_list_never_holds_more_than_concurrency_unfinished_jobs,
+)
 from tests.test_guarantees import (  # noqa: F401
     test_g1_jobs_of_a_sigkilled_worker_all_run_and_each_job_is_always_in_one_place,
     test_g2_live_but_silent_owner_keeps_its_jobs,
@@ -43,6 +51,8 @@ from tests.test_guarantees import (  # noqa: F401
     test_g12_a_broken_in_progress_list_does_not_stop_recovery_of_others_nor_the_poller,
     test_g12_a_queue_key_of_the_wrong_type_does_not_stop_the_other_queues,
     test_g13_bad_payloads_are_filed_in_dead_with_raw_kept_and_the_worker_goes_on,
+    test_g14_a_job_raising_any_exception_never_kills_its_thread,
+    test_g14_close_old_connections_before_and_after_each_job_in_a_worker,
 )
 from tests.test_revival import (  # noqa: F401
     test_g18_a_job_fetched_long_ago_but_still_owned_runs,
@@ -97,7 +107,7 @@ def one_group(
 
     cog.key_of = key_of
     cog.worker_args = ("--skip-checks",)
-    for module in (guarantees, test_revival):
+    for module in (guarantees, test_revival, test_bounds):
         monkeypatch.setattr(module, "keys", lambda: get_keys().group(GROUP))
     yield
     client = cluster.client()
