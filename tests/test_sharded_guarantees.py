@@ -4,8 +4,9 @@ Redis Cluster of three masters, each with a replica.
 The tests of ``tests/test_guarantees.py`` that ``tests/test_cluster.py``
 collects on the one-slot layout (those that need no server of their own)
 and its G14 tests of a worker,
-the G18 tests of ``tests/test_revival.py`` and the G19 tests of
-``tests/test_bounds.py`` that run a worker, run again here with
+the G18 tests of ``tests/test_revival.py``, the G19 tests of
+``tests/test_bounds.py`` that run a worker and three G20 tests of
+``tests/test_supervisor.py`` (its supervisor's children), run again here with
 ``SHARDING = "queues"``, every test queue in one group (``{N:all}``): the
 group's keys (queues, in-progress lists, sets, the beats its master judges
 a death by) in one slot, and the shared ones (registry, process records,
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 import pytest
 
 from django_cogworker.connection import get_keys
-from tests import test_bounds, test_revival
+from tests import test_bounds, test_revival, test_supervisor
 from tests import test_guarantees as guarantees
 from tests.conftest import CogEnv, delete_sharded
 from tests.test_bounds import (  # noqa: F401
@@ -59,6 +60,11 @@ from tests.test_revival import (  # noqa: F401
     test_g18_a_late_ack_of_a_revived_process_leaves_the_new_owners_orphan_counter,
     test_g18_a_late_failure_of_a_revived_process_is_not_filed,
     test_g18_a_revived_process_does_not_start_a_job_fetched_before_it_stopped,
+)
+from tests.test_supervisor import (  # noqa: F401
+    test_g20_a_child_that_dies_is_replaced,
+    test_g20_a_child_that_does_not_stop_is_sigkilled_and_its_job_recovered,
+    test_g20_children_stop_when_the_supervisor_is_sigkilled_and_their_jobs_are_settled,
 )
 from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
@@ -107,7 +113,7 @@ def one_group(
 
     cog.key_of = key_of
     cog.worker_args = ("--skip-checks",)
-    for module in (guarantees, test_revival, test_bounds):
+    for module in (guarantees, test_revival, test_bounds, test_supervisor):
         monkeypatch.setattr(module, "keys", lambda: get_keys().group(GROUP))
     yield
     client = cluster.client()

@@ -85,8 +85,9 @@ def cmdline(pid: int) -> bytes:
 
 
 def registered(cog: CogEnv) -> dict[str, int]:
-    """identity -> pid of every process whose record is in Redis."""
-    k, out = keys(), {}
+    """identity -> pid of every process whose record is in Redis (the
+    shared record under SHARDING, not a group's presence key)."""
+    k, out = keys().shared, {}
     for ident in cog.redis.smembers(k.processes):
         pid = cog.redis.hget(k.process(ident.decode()), "pid")
         if pid is not None:
