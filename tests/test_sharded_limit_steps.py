@@ -190,3 +190,17 @@ def test_g23_sharded_the_sweep_restores_a_queue_and_a_spec_the_limiters_side_los
     assert jids(group.queue("mail")) == ["lost"]
     assert r.hget(k.limits, "erp") == ERP.spec().encode()
     assert not r.exists(group.limit_waiters)
+
+
+def test_g23_sharded_a_dead_holders_slot_is_freed_whatever_bytes_its_jid_holds(
+    cog: CogEnv, guarded: Path
+) -> None:
+    """A hold whose jid is not UTF-8 (written by hand, or by another tool)
+    is freed by its bytes, as the one-slot requeue frees it."""
+    k, r = get_keys(), get_redis()
+    group = k.for_queue("default")
+    r.hset(k.limit("erp", "holders"), b"\xff\xfe", HOLDER)
+    r.sadd(k.limit_held(HOLDER), b"erp\0\xff\xfe")
+    assert admit("mine").admitted is False
+    sharded_steps.free_owner(r, group, HOLDER)
+    assert r.hlen(k.limit("erp", "holders")) == 0 and not r.exists(k.limit_held(HOLDER))

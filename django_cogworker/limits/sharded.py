@@ -133,10 +133,11 @@ def free_owner(client: Any, keys: Keys, identity: str) -> None:
         script_keys = [keys.limit_held(identity)]
         args: list[Arg] = [identity]
         for member in holds:
-            name, _, jid = text(member).partition(SEPARATOR)
-            script_keys.append(keys.limit(name, "holders"))
+            # As written: a jid's bytes are what its holder's field holds.
+            name, _, jid = member.partition(SEPARATOR.encode())
+            script_keys.append(keys.limit(text(name), "holders"))
             args += [name, jid]
-            names[name] = None
+            names[text(name)] = None
         script("release_held")(client, script_keys, args)
     client.srem(keys.limits_freeing, identity)
     _wake_all(client, keys, names)
