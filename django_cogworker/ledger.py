@@ -10,7 +10,8 @@ the jobs processed and failed since the last beat, and tallies each job
 name's runs and times for the metrics (``metrics.Tally``).
 
 Everything is guarded by one lock; threads waiting for a slot wait on a
-condition of that lock.
+condition of that lock. Whether the jobs a call brings are run by its
+caller or handed to the threads waiting is ``keeping.Keeping``'s to say.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django_cogworker.keeping import Keeping, Start
 from django_cogworker.metrics import Tally
 from django_cogworker.work import UnitOfWork
 
@@ -53,6 +55,7 @@ Pending = Ack | Filing
 class Running:
     work: UnitOfWork
     started_at: float  # epoch seconds, for people
+    start: Start | None = None  # None: moved to the event loop
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Ledger:
         # does), instead of each sending its own call for one job.
         self.calling = False
         self.waiting = 0  # threads waiting in reserve()
+        self.keeping = Keeping()
         #: How many more jobs a call may fetch for the event loop of async
         #: jobs (``Coroutines.room``), given how many were fetched and not
         #: started yet or are being fetched; none in a process without one.
@@ -101,12 +105,19 @@ class Ledger:
         thread's call, or the slots it may fetch for itself (its own and one
         for each thread left without), reserved until :meth:`fetched`; None
         once quiet."""
+        keeping = self.keeping
         with self._slots:
             while True:
-                if buffer:
+                now = time.monotonic()
+                if buffer and keeping.may_take(now):
+                    if len(buffer) > 1 and keeping.stuck():
+                        self._slots.notify()  # the others take them too
                     return buffer.popleft()
                 if self.quiet.is_set():
                     return None
+                if buffer:  # kept by the thread that fetched them
+                    self._wait(keeping.patience(now))
+                    continue
                 free = self.concurrency - len(self.running) - sum(self.held.values()) - self.reserved
                 if free > 0 and not self.calling:
                     # This thread and those waiting, whose acks wait in
@@ -120,11 +131,15 @@ class Ledger:
                     self.reserved += free
                     self.calling = True
                     return Slots(free, calling=True)
-                self.waiting += 1
-                try:
-                    self._slots.wait(SLOT_WAIT_S)
-                finally:
-                    self.waiting -= 1
+                self._wait(SLOT_WAIT_S)
+
+    def _wait(self, timeout: float) -> None:
+        """Waits for a slot or a job, counted among the threads waiting (the lock is held)."""
+        self.waiting += 1
+        try:
+            self._slots.wait(timeout)
+        finally:
+            self.waiting -= 1
 
     def _in_transit(self) -> int:
         """Jobs fetched and not started yet, or being fetched (the lock is held)."""
@@ -151,9 +166,12 @@ class Ledger:
             for work in works:
                 self.held[work.raw] += 1
             buffer.extend(works[1:])
-            # One waiter for each job left in the buffer, and one to make
-            # the next call (a waiter also looks again every SLOT_WAIT_S).
-            self._slots.notify(max(1, len(works)))
+            # Kept: one waiter, to make the next call if none came, or to
+            # look again when the keeper may be stuck. Else one waiter for
+            # each job left in the buffer, and one to make the next call (a
+            # waiter also looks again every SLOT_WAIT_S).
+            kept = self.keeping.keep(time.monotonic())
+            self._slots.notify(1 if kept else max(1, len(works)))
 
     def _end_call(self, slots: Slots) -> None:
         """The call of ``slots`` is no longer the one in flight (the lock is held)."""
@@ -177,7 +195,7 @@ class Ledger:
     def started(self, index: int, work: UnitOfWork) -> None:
         with self.lock:
             _decrement(self.held, work.raw)
-            self.running[index] = Running(work, time.time())
+            self.running[index] = Running(work, time.time(), self.keeping.started())
             self._running_raw[work.raw] += 1
 
     def moved(self, index: int, to: int) -> None:
@@ -185,6 +203,8 @@ class Ledger:
         index ``to`` (``coroutines.py``): the thread's slot is free."""
         with self._slots:
             self.running[to] = self.running.pop(index)
+            self.running[to].start = None
+            self.keeping.moved()
             if not self.calling:
                 self._slots.notify()
 
@@ -194,16 +214,20 @@ class Ledger:
         """``failed`` is None when the job did not run to an outcome; ``ran``
         is the job's name and execution time when its function was called."""
         with self._slots:
-            self.running.pop(index, None)
+            run = self.running.pop(index, None)
+            start = None if run is None else run.start  # None: a job of the event loop
+            if start is not None:
+                self.keeping.finished(start, measure=failed is not None)
             _decrement(self._running_raw, work.raw)
             if failed is not None:
                 self.processed += 1
                 self.failed += failed
                 if ran is not None:
                     self.tally.add(ran[0], ran[1], failed)
-            if not self.calling:
+            if not self.calling and (start is None or not self.keeping.short):
                 # A slot is free for a waiter; while a call is in flight,
                 # its end wakes them (waking them now only costs the GIL).
+                # A thread back from a short job comes for the next itself.
                 self._slots.notify()
 
     def running_now(self) -> list[tuple[int, Running]]:

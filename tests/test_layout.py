@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "django_cogworker"
 
 #: The worker roles that must form no import cycle, even through TYPE_CHECKING.
-ROLES = ("acks", "fetch", "fetch_mode", "manager", "processor", "settle", "ledger")
+ROLES = ("acks", "fetch", "fetch_mode", "manager", "processor", "settle", "ledger", "keeping")
 
 #: The launcher and what it builds and starts: it imports them, and they
 #: share one process context instead of reading it back through the launcher.

@@ -132,6 +132,26 @@ def wait_all_dead(pids: set[int], timeout: float, what: str) -> None:
     wait_for(lambda: not any(alive(p) for p in pids), timeout, what)
 
 
+def suspend(pid: int) -> None:
+    """SIGSTOPs ``pid`` until it stays stopped: the supervisor sends SIGCONT
+    right after its SIGTERM, and a SIGCONT that arrives after the test's
+    SIGSTOP resumes the child."""
+
+    def stopped() -> bool:
+        stat = proc_stat(pid)
+        return stat is not None and stat[0] == "T"
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        if stopped():
+            time.sleep(0.3)
+            if stopped():
+                return
+    raise AssertionError(f"pid {pid} did not stay stopped")
+
+
 def lines_of(worker: Worker, pid: int) -> list[str]:
     return [line for line in worker.log().splitlines() if f"[{pid}]" in line]
 
@@ -345,7 +365,7 @@ def test_g20_a_child_that_does_not_stop_is_sigkilled_and_its_job_recovered(cog):
         "the child to begin its stop",
     )
     # Suspended mid-stop, it never exits by itself.
-    os.kill(stuck, signal.SIGSTOP)
+    suspend(stuck)
     bound_s = shutdown_timeout_s + KILL_MARGIN_S
     assert supervisor.wait(bound_s + STOP_MARGIN_S) == 0
     took_s = time.monotonic() - began

@@ -1,0 +1,142 @@
+"""Who runs the jobs one fetch call brings: the thread that made the call,
+or the threads waiting for a job.
+
+Duties: while the jobs of this process wait on I/O for less than
+``SHORT_WAIT_S`` each (a no-op, a cache write, a small INSERT), the jobs a
+call brings for the threads waiting are *kept* by the thread that made it,
+which runs them one after another and then makes the next call, its acks
+riding along; the other threads wait. Handing each such job to another
+thread would cost more than the job: a wake-up of another CPU, then the GIL
+handed back and forth, about twice the worker's CPU per job (the bench's
+cogworker row, unpinned). A kept job waits at most ``HAND_OVER_S`` for its
+keeper: a keeper that has not come back for the next one by then is stuck
+on a long job, and the waiting threads take the rest (and the jobs are
+handed over from then on, until measured short again). Jobs that wait longer
+on I/O (an HTTP call, a query) go to the waiting threads at once, so that
+their waits overlap.
+
+How long a job waits on I/O is its wall time less its thread's CPU time,
+measured only on a job that ran alone among the threads: beside others, it
+would count the time it waited for the GIL too, and a busy worker would
+never see its jobs as short again. While jobs are handed over, every
+``PROBE_S`` one call's jobs are kept anyway, to measure them alone.
+
+A process that runs on one CPU (``CPU_AFFINITY``, ``taskset``, a cpuset of
+one) hands every job over at once, as before: there a hand-over is a cheap
+switch between threads, and the other threads fill the keeper's waits on
+Redis (the bench's pinned row ran half as fast with jobs kept).
+
+The ledger calls these methods with its lock held.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+#: A job that waits on I/O for less than this gains nothing from a thread
+#: of its own: handing it over costs about as much.
+SHORT_WAIT_S = 0.0002
+
+#: How long a kept job may wait while its keeper runs the jobs before it.
+HAND_OVER_S = 0.002
+
+#: What a keeper stuck past HAND_OVER_S makes of the running average: a
+#: few jobs measured short bring it under SHORT_WAIT_S again.
+LONG_WAIT_S = 2 * SHORT_WAIT_S
+
+#: How often jobs are kept anyway while they are handed over, to measure them.
+PROBE_S = 1.0
+
+#: The weight of the last job measured in the running average of the waits.
+WEIGHT = 0.1
+
+
+@dataclass
+class Start:
+    """When a thread's job started, by the monotonic clock and by its
+    thread's CPU time."""
+
+    at: float
+    cpu: float
+
+
+def one_cpu() -> bool:
+    """Whether this process may run on one CPU only (False where unknown)."""
+    return hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
+
+
+class Keeping:
+    def __init__(self) -> None:
+        #: False on one CPU: every job is handed over at once.
+        self.enabled = not one_cpu()
+        #: Running average of a job's I/O wait, in seconds (0 at first:
+        #: short until measured otherwise).
+        self.io_wait = 0.0
+        #: The thread keeping the jobs in the buffer, and when it last took
+        #: one; None while they are handed over.
+        self.keeper: int | None = None
+        self.kept_at = 0.0
+        self._probe_at = 0.0
+        #: Threads running a job now (not the event loop's jobs).
+        self._running = 0
+
+    def may_take(self, now: float) -> bool:
+        """Whether the calling thread may take a job from the buffer now:
+        the keeper's, or one its keeper left waiting too long."""
+        me = threading.get_ident()
+        if self.keeper in (None, me):
+            if self.keeper == me:
+                self.kept_at = now
+            return True
+        if now - self.kept_at < HAND_OVER_S:
+            return False
+        # A job that long is no short job: hand them over until measured
+        # short again (a probe), the jobs that ran alone bringing it down.
+        self.io_wait = max(self.io_wait, LONG_WAIT_S)
+        return True
+
+    def stuck(self) -> bool:
+        """Whether a thread allowed to take a kept job takes it from a
+        keeper stuck on a long one."""
+        return self.keeper not in (None, threading.get_ident())
+
+    def patience(self, now: float) -> float:
+        """How long a thread that may not take a kept job waits before it looks again."""
+        return max(HAND_OVER_S - (now - self.kept_at), 0.0001)
+
+    def keep(self, now: float) -> bool:
+        """Called by the thread whose call brought jobs: whether it keeps
+        them (True), or hands them to the threads waiting."""
+        if not self.enabled:
+            return False
+        if self.io_wait >= SHORT_WAIT_S:
+            if now < self._probe_at:
+                self.keeper = None
+                return False
+            self._probe_at = now + PROBE_S
+        self.keeper, self.kept_at = threading.get_ident(), now
+        return True
+
+    @property
+    def short(self) -> bool:
+        """Whether a thread back from a job comes for the next one itself
+        with no need to wake another."""
+        return self.enabled and self.io_wait < SHORT_WAIT_S
+
+    def started(self) -> Start:
+        self._running += 1
+        return Start(time.monotonic(), time.thread_time())
+
+    def moved(self) -> None:
+        """A thread's job handed to the event loop."""
+        self._running -= 1
+
+    def finished(self, start: Start, measure: bool) -> None:
+        """A thread's job ended; ``measure``: it ran, and this is its thread."""
+        self._running -= 1
+        if measure and self._running == 0:
+            waited = (time.monotonic() - start.at) - (time.thread_time() - start.cpu)
+            self.io_wait += (waited - self.io_wait) * WEIGHT

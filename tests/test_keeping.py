@@ -1,0 +1,189 @@
+"""Who runs the jobs one fetch call brings (``keeping.py``): short jobs stay
+on the thread that made the call, a kept job waits at most HAND_OVER_S for
+a keeper stuck on a long one, and jobs that wait on I/O are handed to the
+threads waiting at once, so that they still run side by side."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+import pytest
+
+from django_cogworker import keeping
+from django_cogworker.keeping import Keeping
+from django_cogworker.ledger import Ledger, Slots
+from django_cogworker.work import UnitOfWork
+from testproject.testapp import jobs
+from tests.conftest import CogEnv, wait_for
+
+
+@pytest.fixture(autouse=True)
+def several_cpus(monkeypatch):
+    """The ledger tests below, whatever CPUs the test process may use."""
+    monkeypatch.setattr(keeping, "one_cpu", lambda: False)
+
+
+def work(raw: bytes) -> UnitOfWork:
+    return UnitOfWork("default", raw)
+
+
+class Waiter:
+    """A thread that wants one job from the ledger, as a processor does."""
+
+    def __init__(self, ledger: Ledger, buffer: deque) -> None:
+        self.got: list[object] = []
+        self.thread = threading.Thread(target=lambda: self.got.append(ledger.reserve(buffer)), daemon=True)
+        self.thread.start()
+
+
+def call_with_a_waiter(ledger: Ledger, buffer: deque, brought: list[bytes]) -> Waiter:
+    """This thread makes a call while another thread waits for a job, and
+    the call brings ``brought`` (the first for this thread; the slots it
+    reserved are not what these tests look at)."""
+    slots = ledger.reserve(buffer)
+    assert isinstance(slots, Slots) and ledger.calling
+    waiter = Waiter(ledger, buffer)
+    wait_for(lambda: ledger.waiting == 1, 5, "the other thread to wait for the call")
+    ledger.fetched([work(raw) for raw in brought], slots, buffer)
+    return waiter
+
+
+def test_short_jobs_a_call_brings_are_run_by_the_thread_that_made_it(monkeypatch):
+    """No job measured yet counts as short: the caller takes the jobs its
+    call brought for the thread waiting, one after another, and that thread
+    waits; the caller's next call is for both of them."""
+    monkeypatch.setattr(keeping, "HAND_OVER_S", 30.0)  # no keeper counts as stuck here
+    ledger = Ledger(4, threading.Event())
+    buffer: deque = deque()
+    waiter = call_with_a_waiter(ledger, buffer, [b"a", b"b", b"c"])
+    assert [ledger.reserve(buffer).raw for _ in range(2)] == [b"b", b"c"]
+    assert waiter.got == [] and waiter.thread.is_alive()
+    for raw in (b"a", b"b", b"c"):  # held until started: let the slots free
+        ledger.started(0, work(raw))
+        ledger.finished(0, work(raw), False)
+    again = ledger.reserve(buffer)
+    assert isinstance(again, Slots) and again.count == 2
+    ledger.fetched([], again, buffer)
+    waiter.thread.join(5)
+    assert len(waiter.got) == 1 and isinstance(waiter.got[0], Slots)
+
+
+def test_a_kept_job_is_taken_by_the_threads_waiting_when_its_keeper_is_stuck(monkeypatch):
+    """The caller never comes back (its job runs long): past HAND_OVER_S,
+    the threads waiting take the jobs it kept, one each, and jobs are handed
+    over from then on."""
+    monkeypatch.setattr(keeping, "HAND_OVER_S", 0.05)
+    ledger = Ledger(4, threading.Event())
+    buffer: deque = deque()
+    slots = ledger.reserve(buffer)
+    assert isinstance(slots, Slots)
+    waiters = [Waiter(ledger, buffer) for _ in range(2)]
+    wait_for(lambda: ledger.waiting == 2, 5, "two threads to wait for the call")
+    kept_at = time.monotonic()
+    ledger.fetched([work(raw) for raw in (b"long", b"x", b"y")], slots, buffer)
+    for waiter in waiters:
+        waiter.thread.join(10)
+    taken = sorted(w.got[0].raw for w in waiters)
+    assert taken == [b"x", b"y"]
+    assert time.monotonic() - kept_at >= 0.05  # taken from a stuck keeper, not handed over
+    assert not ledger.keeping.short
+
+
+def test_jobs_that_wait_on_io_are_handed_to_the_threads_waiting_at_once(monkeypatch):
+    """Once jobs are measured waiting on I/O, a call's jobs go to the threads
+    waiting at once (but for one call a PROBE_S, kept to measure them)."""
+    monkeypatch.setattr(keeping, "HAND_OVER_S", 30.0)
+    ledger = Ledger(4, threading.Event())
+    buffer: deque = deque()
+    for raw in (b"s1", b"s2", b"s3"):  # each alone, each asleep 20 ms
+        ledger.started(0, work(raw))
+        time.sleep(0.02)
+        ledger.finished(0, work(raw), False)
+    assert ledger.keeping.io_wait >= keeping.SHORT_WAIT_S
+    probe = call_with_a_waiter(ledger, buffer, [b"p1", b"p2"])  # the probe: kept
+    assert ledger.reserve(buffer).raw == b"p2"
+    assert probe.got == []
+    for raw in (b"p1", b"p2"):
+        ledger.started(0, work(raw))
+        time.sleep(0.02)
+        ledger.finished(0, work(raw), False)
+    ledger.wake()
+    wait_for(lambda: probe.got, 5, "the waiting thread to make the next call")
+    assert isinstance(probe.got[0], Slots)
+    ledger.fetched([], probe.got[0], buffer)
+    handed = call_with_a_waiter(ledger, buffer, [b"h1", b"h2"])
+    handed.thread.join(5)
+    assert [g.raw for g in handed.got] == [b"h2"]
+
+
+def test_a_process_on_one_cpu_hands_every_job_over_at_once(monkeypatch):
+    """On one CPU a hand-over is a cheap switch: nothing is kept, even
+    before any job was measured."""
+    monkeypatch.setattr(keeping, "HAND_OVER_S", 30.0)
+    monkeypatch.setattr(keeping, "one_cpu", lambda: True)
+    ledger = Ledger(4, threading.Event())
+    buffer: deque = deque()
+    assert not ledger.keeping.short
+    handed = call_with_a_waiter(ledger, buffer, [b"a", b"b"])
+    handed.thread.join(5)
+    assert [g.raw for g in handed.got] == [b"b"]
+
+
+def test_one_cpu_is_what_the_process_may_use():
+    assert keeping.one_cpu() is (len(os.sched_getaffinity(0)) == 1)
+
+
+def test_a_jobs_io_wait_counts_only_when_it_ran_alone():
+    """Beside another running job, a job's wall time counts the GIL it
+    waited for: only a job that ended alone among the threads is measured."""
+    keeping_ = Keeping()
+    first, second = keeping_.started(), keeping_.started()
+    time.sleep(0.02)
+    keeping_.finished(first, measure=True)
+    assert keeping_.io_wait == 0.0
+    keeping_.finished(second, measure=True)
+    assert keeping_.io_wait > 0.0
+    alone = keeping_.started()
+    before = keeping_.io_wait
+    keeping_.finished(alone, measure=False)  # ended on another thread: not measured
+    assert keeping_.io_wait == before
+
+
+def peak_overlap(cog: CogEnv) -> int:
+    """The most jobs that ran at once, from their start and end notes."""
+    starts = {n["tag"]: n["at"] for n in cog.notes("started")}
+    ends = {n["tag"]: n["at"] for n in cog.notes("runs")}
+    events = sorted([(at, 1) for at in starts.values()] + [(at, -1) for at in ends.values()])
+    peak = running = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.parametrize("seconds", [0.3])
+def test_jobs_that_wait_on_io_still_run_side_by_side(cog, seconds):
+    """CONCURRENCY jobs that sleep (I/O) run at once, in a real worker,
+    though the worker starts with every job counted as short."""
+    concurrency = 6
+    cog.configure(CONCURRENCY=concurrency)
+    jobs.sleep_then_record.delay_many([((seconds, i), {}) for i in range(4 * concurrency)])
+    cog.start_worker(CONCURRENCY=concurrency)
+    wait_for(lambda: len(cog.notes("runs")) == 4 * concurrency, 60, "every job to run")
+    assert peak_overlap(cog) == concurrency
+
+
+def test_a_job_fetched_behind_a_long_one_does_not_wait_for_it(cog):
+    """Short jobs queued behind a long one all run while it runs, whichever
+    thread fetched them."""
+    cog.configure(CONCURRENCY=4)
+    jobs.sleep_then_record.delay(8.0, "long")
+    jobs.record.delay_many([((i,), {}) for i in range(12)])
+    cog.start_worker(CONCURRENCY=4)
+    wait_for(lambda: len(cog.notes("runs")) >= 12, 30, "the short jobs to run")
+    long_ended = [n for n in cog.notes("runs") if n["tag"] == "long"]
+    assert long_ended == [], "a short job waited for the long one"
+    wait_for(lambda: len(cog.notes("runs")) == 13, 30, "the long job to end")
