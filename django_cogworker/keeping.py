@@ -18,8 +18,10 @@ their waits overlap.
 How long a job waits on I/O is its wall time less its thread's CPU time,
 measured only on a job that ran alone among the threads: beside others, it
 would count the time it waited for the GIL too, and a busy worker would
-never see its jobs as short again. While jobs are handed over, every
-``PROBE_S`` one call's jobs are kept anyway, to measure them alone.
+never see its jobs as short again; and each at most ``LONG_WAIT_S``, so
+that a thread taken off its CPU for a while does not make short jobs look
+long. While jobs are handed over, every ``PROBE_S`` the jobs of the calls
+of ``PROBE_WINDOW_S`` are kept anyway, to measure them alone.
 
 A process that runs on one CPU (``CPU_AFFINITY``, ``taskset``, a cpuset of
 one) hands every job over at once, as before: there a hand-over is a cheap
@@ -41,14 +43,17 @@ from dataclasses import dataclass
 SHORT_WAIT_S = 0.0002
 
 #: How long a kept job may wait while its keeper runs the jobs before it.
-HAND_OVER_S = 0.002
+HAND_OVER_S = 0.005
 
 #: What a keeper stuck past HAND_OVER_S makes of the running average: a
 #: few jobs measured short bring it under SHORT_WAIT_S again.
 LONG_WAIT_S = 2 * SHORT_WAIT_S
 
-#: How often jobs are kept anyway while they are handed over, to measure them.
+#: How often jobs are kept anyway while they are handed over, to measure
+#: them, and for how long (the threads running jobs handed over come back
+#: meanwhile, and the kept ones then run alone).
 PROBE_S = 1.0
+PROBE_WINDOW_S = 0.05
 
 #: The weight of the last job measured in the running average of the waits.
 WEIGHT = 0.1
@@ -79,7 +84,7 @@ class Keeping:
         #: one; None while they are handed over.
         self.keeper: int | None = None
         self.kept_at = 0.0
-        self._probe_at = 0.0
+        self._probe_at = self._probe_until = 0.0
         #: Threads running a job now (not the event loop's jobs).
         self._running = 0
 
@@ -96,6 +101,7 @@ class Keeping:
         # A job that long is no short job: hand them over until measured
         # short again (a probe), the jobs that ran alone bringing it down.
         self.io_wait = max(self.io_wait, LONG_WAIT_S)
+        self._probe_until = 0.0
         return True
 
     def stuck(self) -> bool:
@@ -112,11 +118,11 @@ class Keeping:
         them (True), or hands them to the threads waiting."""
         if not self.enabled:
             return False
-        if self.io_wait >= SHORT_WAIT_S:
+        if self.io_wait >= SHORT_WAIT_S and now >= self._probe_until:
             if now < self._probe_at:
                 self.keeper = None
                 return False
-            self._probe_at = now + PROBE_S
+            self._probe_at, self._probe_until = now + PROBE_S, now + PROBE_WINDOW_S
         self.keeper, self.kept_at = threading.get_ident(), now
         return True
 
@@ -139,4 +145,7 @@ class Keeping:
         self._running -= 1
         if measure and self._running == 0:
             waited = (time.monotonic() - start.at) - (time.thread_time() - start.cpu)
-            self.io_wait += (waited - self.io_wait) * WEIGHT
+            # At most LONG_WAIT_S: a thread taken off its CPU for a few
+            # milliseconds (another process, Redis on the same core) must
+            # not make short jobs look long.
+            self.io_wait += (min(waited, LONG_WAIT_S) - self.io_wait) * WEIGHT

@@ -94,13 +94,16 @@ def test_a_kept_job_is_taken_by_the_threads_waiting_when_its_keeper_is_stuck(mon
 
 def test_jobs_that_wait_on_io_are_handed_to_the_threads_waiting_at_once(monkeypatch):
     """Once jobs are measured waiting on I/O, a call's jobs go to the threads
-    waiting at once (but for one call a PROBE_S, kept to measure them)."""
+    waiting at once (but for the calls of PROBE_WINDOW_S every PROBE_S,
+    kept to measure them: here the window holds one call)."""
     monkeypatch.setattr(keeping, "HAND_OVER_S", 30.0)
+    monkeypatch.setattr(keeping, "PROBE_WINDOW_S", 0.0)
     ledger = Ledger(4, threading.Event())
     buffer: deque = deque()
-    for raw in (b"s1", b"s2", b"s3"):  # each alone, each asleep 20 ms
+    for i in range(10):  # each alone, each asleep 5 ms
+        raw = f"s{i}".encode()
         ledger.started(0, work(raw))
-        time.sleep(0.02)
+        time.sleep(0.005)
         ledger.finished(0, work(raw), False)
     assert ledger.keeping.io_wait >= keeping.SHORT_WAIT_S
     probe = call_with_a_waiter(ledger, buffer, [b"p1", b"p2"])  # the probe: kept
@@ -134,6 +137,17 @@ def test_a_process_on_one_cpu_hands_every_job_over_at_once(monkeypatch):
 
 def test_one_cpu_is_what_the_process_may_use():
     assert keeping.one_cpu() is (len(os.sched_getaffinity(0)) == 1)
+
+
+def test_one_long_pause_does_not_make_short_jobs_look_long():
+    """A thread taken off its CPU for 50 ms (another process, Redis on its
+    core) counts as LONG_WAIT_S at most: the jobs stay short."""
+    keeping_ = Keeping()
+    start = keeping_.started()
+    time.sleep(0.05)
+    keeping_.finished(start, measure=True)
+    assert keeping_.io_wait <= keeping.LONG_WAIT_S * keeping.WEIGHT + 1e-6
+    assert keeping_.short
 
 
 def test_a_jobs_io_wait_counts_only_when_it_ran_alone():
