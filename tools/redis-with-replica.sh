@@ -33,5 +33,6 @@ replica_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.
     --logfile "$replica_dir/redis.log" --daemonize no --replicaof 127.0.0.1 "$port" \
     --repl-diskless-load swapdb &
 replica=$!
-trap 'kill "$replica" 2>/dev/null || true; kill "$master" 2>/dev/null || true' EXIT TERM INT
+# Waited for, so that they no longer write in --dir when the caller removes it.
+trap 'kill "$replica" "$master" 2>/dev/null || true; wait "$replica" "$master" 2>/dev/null || true' EXIT TERM INT
 wait "$master"
