@@ -165,6 +165,7 @@ def hit_every_tick(
     unless ``hit`` says otherwise); returns once ``done()``, failing only
     when nothing moved for STALL_S."""
     seed = int(os.environ.get("COGWORKER_CHAOS_SEED", random.randrange(1_000_000)))
+    print(f"COGWORKER_CHAOS_SEED={seed} replays this run")  # shown when the test fails
     rng = random.Random(seed)
     # No job may be parked as a poison pill by the kills alone.
     cog.configure(CONCURRENCY=CONCURRENCY, MAX_ORPHANINGS=TICKS + 1)

@@ -92,17 +92,16 @@ def where_jobs_are(cog: CogEnv) -> tuple[dict[str, list[str]], Counter[str]]:
     runs recorded so far: {jid: [places]}, Counter of finished runs."""
     r, k = cog.redis, keys()
     patterns = [f"{k.queue_prefix}*", f"{k.inprogress_prefix}*"]
-    cluster = isinstance(r, redis.RedisCluster)
-
-    def scan() -> list[bytes]:
-        return sorted({key for pattern in patterns for key in r.scan_iter(match=pattern, count=1000)})
-
+    if isinstance(r, redis.RedisCluster):
+        # Every place of a job is in one slot (the namespace's, or under
+        # SHARDING the group's): one MULTI on the master of that slot, its
+        # KEYS included, as on one server. A SCAN before a snapshot and
+        # another after it would miss a list made and emptied in between.
+        r = r.get_redis_connection(r.get_node_from_key(k.schedule))
     for _attempt in range(50):
-        lists = scan()
+        lists = sorted({key for pattern in patterns for key in r.scan_iter(match=pattern, count=1000)})
         pipe = r.pipeline(transaction=True)
-        # KEYS has no key to route by: on a cluster the scan is repeated
-        # after the snapshot instead (every key of a namespace is in one slot).
-        for pattern in () if cluster else patterns:
+        for pattern in patterns:
             pipe.keys(pattern)
         for key in lists:
             pipe.lrange(key, 0, -1)
@@ -110,17 +109,15 @@ def where_jobs_are(cog: CogEnv) -> tuple[dict[str, list[str]], Counter[str]]:
             pipe.zrange(zset, 0, -1)
         pipe.lrange(k.repeat_orphans, 0, -1)
         pipe.lrange(k.unsettled, 0, -1)
-        # Under SHARDING the notes are in another slot than the group's keys:
-        # read just after. Still sound: a job notes its run before its ack
-        # takes it off its list, so a job in no place had noted its run.
+        # Under SHARDING the notes may be in another slot than the group's
+        # keys: read just after. Still sound: a job notes its run before its
+        # ack takes it off its list, so a job in no place had noted its run.
         apart = k.sharded
         if not apart:
             pipe.lrange(cog.key("test:runs"), 0, -1)
         reply = pipe.execute()
         if apart:
-            reply.append(r.lrange(cog.key("test:runs"), 0, -1))
-        if cluster:
-            reply = [scan(), [], *reply]
+            reply.append(cog.redis.lrange(cog.key("test:runs"), 0, -1))
         if not set(reply[0]) | set(reply[1]) <= set(lists):
             continue  # a list appeared between the scan and the snapshot: look again
         places: dict[str, list[str]] = {}
