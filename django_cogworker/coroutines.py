@@ -53,8 +53,8 @@ logger = logging.getLogger("django_cogworker")
 #: (it is woken as soon as a job ends).
 ROOM_WAIT_S = 0.25
 
-#: A full loop wakes the threads waiting for room once this many slots are
-#: free, not at each: one wake-up a batch.
+#: A full loop wakes a thread waiting for room once this many slots are
+#: free, not at each: one fetch a batch.
 ROOM_BATCH = 8
 
 #: How long the shutdown waits for cancelled coroutines to end (the
@@ -92,7 +92,12 @@ class Coroutines:
         self.on_crash = on_crash
         # The loop's ledger indices, after the threads'.
         self._free = list(range(first_index + self.size - 1, first_index - 1, -1))
-        self._room = threading.Condition()
+        # Threads holding a job wait on _room for a slot each; threads back
+        # from a hand-over wait on _later for a batch of slots (one of them
+        # fetches for the loop, see _wait_for_room).
+        lock = threading.Lock()
+        self._room = threading.Condition(lock)
+        self._later = threading.Condition(lock)
         #: Made by :meth:`start` (and closed by its thread when it stops): a
         #: process that never starts never has a loop to close.
         self.loop: asyncio.AbstractEventLoop
@@ -175,13 +180,20 @@ class Coroutines:
         """After a hand-over, while the loop has no room: the thread does not
         fetch yet. A coroutine job it fetched now would wait in its hands
         and take the slots freed one by one, a fetch call each; it waits
-        instead until slots free (woken ``ROOM_BATCH`` at a time), and the
-        next fetch brings jobs for all of them (``room``). At most
+        instead until ``ROOM_BATCH`` slots are free (one thread woken, not
+        all), and its next fetch brings jobs for all of them (``room``). At most
         ``ROOM_WAIT_S``: a loop full of long coroutines does not keep the
         thread from the plain jobs queued behind them."""
-        with self._room:
+        with self._later:
+            if len(self._free) > self._holding or self.quiet.is_set():
+                return
+        # Its slot is free meanwhile: a thread waiting for one may fetch the
+        # plain jobs queued (a keeper of short jobs wakes none when it hands
+        # one over: ``Ledger.moved``).
+        self.ledger.wake_for_plain()
+        with self._later:
             if len(self._free) <= self._holding and not self.quiet.is_set():
-                self._room.wait(ROOM_WAIT_S)
+                self._later.wait(ROOM_WAIT_S)
 
     def _start(self) -> None:
         # Cleared first: a job handed over after the last pop below wakes
@@ -237,8 +249,10 @@ class Coroutines:
         finally:
             with self._room:
                 self._free.append(slot)
-                if len(self._free) == min(ROOM_BATCH, self.size):
-                    self._room.notify_all()
+                if self._holding:
+                    self._room.notify()  # a thread holding a job: this slot is its
+                elif len(self._free) == min(ROOM_BATCH, self.size):
+                    self._later.notify()  # a thread whose next fetch brings jobs for the free slots
 
     def room(self, in_transit: int) -> int:
         """How many more jobs a fetch may bring for the loop: up to

@@ -87,6 +87,8 @@ class Keeping:
         self._probe_at = self._probe_until = 0.0
         #: Threads running a job now (not the event loop's jobs).
         self._running = 0
+        #: When a thread's job (not handed to the event loop) last ended (monotonic).
+        self.plain_at = -1e9
 
     def may_take(self, now: float) -> bool:
         """Whether the calling thread may take a job from the buffer now:
@@ -143,8 +145,9 @@ class Keeping:
     def finished(self, start: Start, measure: bool) -> None:
         """A thread's job ended; ``measure``: it ran, and this is its thread."""
         self._running -= 1
+        self.plain_at = now = time.monotonic()
         if measure and self._running == 0:
-            waited = (time.monotonic() - start.at) - (time.thread_time() - start.cpu)
+            waited = (now - start.at) - (time.thread_time() - start.cpu)
             # At most LONG_WAIT_S: a thread taken off its CPU for a few
             # milliseconds (another process, Redis on the same core) must
             # not make short jobs look long.

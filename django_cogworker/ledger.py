@@ -26,6 +26,10 @@ from django_cogworker.keeping import Keeping, Start
 from django_cogworker.metrics import Tally
 from django_cogworker.work import UnitOfWork
 
+#: How long after a plain job ended a full event loop still wakes a
+#: thread for the plain jobs queued (``wake_for_plain``).
+PLAIN_LATELY_S = 1.0
+
 #: How long a thread whose job is being fetched by another thread's call
 #: waits before it looks again (it is woken as soon as the call returns).
 SLOT_WAIT_S = 0.25
@@ -185,6 +189,15 @@ class Ledger:
             _decrement(self.held, work.raw)
             self._slots.notify_all()
 
+    def wake_for_plain(self) -> None:
+        """Wakes a thread waiting for a slot, for the plain jobs queued with
+        the coroutine jobs of a full event loop: unless a call in flight
+        will, or no plain job ended lately (a stream of coroutine jobs alone
+        would be fetched only to wait for the loop in the threads' hands)."""
+        with self._slots:
+            if not self.calling and time.monotonic() - self.keeping.plain_at < PLAIN_LATELY_S:
+                self._slots.notify()
+
     def wake(self) -> None:
         """Wakes the threads waiting for a slot (quiet, stop)."""
         with self._slots:
@@ -205,7 +218,9 @@ class Ledger:
             self.running[to] = self.running.pop(index)
             self.running[to].start = None
             self.keeping.moved()
-            if not self.calling:
+            if not self.calling and not self.keeping.short:
+                # As for a job that ended (finished()): a keeper of short
+                # jobs comes for the next itself.
                 self._slots.notify()
 
     def finished(

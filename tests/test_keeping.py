@@ -201,3 +201,73 @@ def test_a_job_fetched_behind_a_long_one_does_not_wait_for_it(cog):
     long_ended = [n for n in cog.notes("runs") if n["tag"] == "long"]
     assert long_ended == [], "a short job waited for the long one"
     wait_for(lambda: len(cog.notes("runs")) == 13, 30, "the long job to end")
+
+
+def counting(condition: threading.Condition) -> list[int]:
+    """The wake-ups ``condition.notify`` is asked for from now on."""
+    wakes: list[int] = []
+    notify = condition.notify
+
+    def counted(n: int = 1) -> None:
+        wakes.append(n)
+        notify(n)
+
+    condition.notify = counted  # type: ignore[method-assign]
+    return wakes
+
+
+def test_a_keeper_of_short_jobs_wakes_no_thread_when_it_hands_a_job_to_the_loop():
+    """A job handed to the event loop frees its thread's slot: a keeper of
+    short jobs comes for the next job itself, so no waiting thread is woken
+    (each wake-up takes the GIL from the loop's thread); while jobs are
+    handed over, one is. A full loop wakes one for the plain jobs queued
+    only if a plain job ended lately."""
+    ledger = Ledger(4, threading.Event())
+    wakes = counting(ledger._slots)
+    ledger.started(0, work(b"a"))
+    ledger.moved(0, 4)
+    assert wakes == []  # short: nothing measured yet
+    ledger.wake_for_plain()
+    assert wakes == []  # no plain job ended yet: a stream of coroutine jobs alone
+    ledger.keeping.io_wait = 1.0  # jobs that wait on I/O: handed over
+    ledger.started(1, work(b"b"))
+    ledger.moved(1, 5)
+    assert wakes == [1]
+    ledger.started(0, work(b"c"))
+    ledger.finished(0, work(b"c"), False)  # a plain job ended (and woke a waiter: not short)
+    assert wakes == [1, 1]
+    ledger.wake_for_plain()
+    assert wakes == [1, 1, 1]
+
+
+def test_a_loop_that_frees_room_wakes_a_holder_per_slot_else_one_thread_at_room_batch(monkeypatch):
+    """A slot the loop frees goes to a thread holding a job (one woken per
+    slot); with none holding, the ROOM_BATCH-th free slot wakes one thread
+    waiting to fetch again, whose one call brings jobs for all of them, not
+    every thread waiting."""
+    from dataclasses import replace
+
+    from django_cogworker.conf import get_config
+    from django_cogworker.coroutines import ROOM_BATCH, Coroutines
+    from django_cogworker.outcomes import Outcome
+
+    class Settler:
+        def finished(self, *args: object) -> None:
+            pass
+
+    size = ROOM_BATCH + 2
+    config = replace(get_config(), async_concurrency=size)
+    loop = Coroutines(
+        config, Ledger(2, threading.Event()), Settler(), threading.Event(), 2, lambda: None, print
+    )  # type: ignore[arg-type]
+    slots = [loop._free.pop() for _ in range(size)]  # a full loop
+    holders, fetchers = counting(loop._room), counting(loop._later)
+    outcome = Outcome("ack")
+    loop._holding = 1
+    loop._finished(slots.pop(), work(b"x"), outcome)
+    assert (holders, fetchers) == ([1], [])
+    loop._holding = 0
+    loop._free.pop()  # the holder took it
+    for _ in range(ROOM_BATCH + 1):
+        loop._finished(slots.pop(), work(b"y"), outcome)
+    assert (holders, fetchers) == ([1], [1])
