@@ -47,7 +47,8 @@ def identity_of(cog: CogEnv, worker: Worker) -> str | None:
     """The worker's identity if it has beaten yet (no waiting)."""
     k = keys()
     for ident in cog.redis.smembers(k.processes):
-        pid = cog.redis.hget(k.process(ident.decode()), "pid")
+        # The process record (under SHARDING, the shared one: the group's is a presence).
+        pid = cog.redis.hget(cog.key(f"process:{ident.decode()}"), "pid")
         if pid is not None and int(pid) == worker.pid:
             return str(ident.decode())
     return None

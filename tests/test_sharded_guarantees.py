@@ -6,7 +6,8 @@ collects on the one-slot layout (those that need no server of their own)
 and its G14 tests of a worker,
 the G18 tests of ``tests/test_revival.py``, the G19 tests of
 ``tests/test_bounds.py`` that run a worker and three G20 tests of
-``tests/test_supervisor.py`` (its supervisor's children), run again here with
+``tests/test_supervisor.py`` (its supervisor's children), and the SIGKILL and
+SIGSTOP chaos tests of ``tests/test_chaos.py``, run again here with
 ``SHARDING = "queues"``, every test queue in one group (``{N:all}``): the
 group's keys (queues, in-progress lists, sets, the beats its master judges
 a death by) in one slot, and the shared ones (registry, process records,
@@ -25,7 +26,7 @@ from contextlib import contextmanager
 import pytest
 
 from django_cogworker.connection import get_keys
-from tests import test_bounds, test_revival, test_supervisor
+from tests import test_bounds, test_chaos, test_revival, test_supervisor
 from tests import test_guarantees as guarantees
 from tests.conftest import CogEnv, delete_sharded
 from tests.test_bounds import (  # noqa: F401
@@ -33,6 +34,10 @@ from tests.test_bounds import (  # noqa: F401
     test_g19_a_recovered_job_that_finished_is_not_counted_again_when_its_process_dies,
     test_g19_a_sigkill_orphans_at_most_concurrency_jobs,
     test_g19_an_in_progress_list_never_holds_more_than_concurrency_unfinished_jobs,
+)
+from tests.test_chaos import (  # noqa: F401
+    test_chaos_sigkill_a_random_worker_every_second,
+    test_chaos_sigstop_a_random_worker_past_the_threshold,
 )
 from tests.test_guarantees import (  # noqa: F401
     test_g1_jobs_of_a_sigkilled_worker_all_run_and_each_job_is_always_in_one_place,
@@ -113,7 +118,7 @@ def one_group(
 
     cog.key_of = key_of
     cog.worker_args = ("--skip-checks",)
-    for module in (guarantees, test_revival, test_bounds, test_supervisor):
+    for module in (guarantees, test_revival, test_bounds, test_supervisor, test_chaos):
         monkeypatch.setattr(module, "keys", lambda: get_keys().group(GROUP))
     yield
     client = cluster.client()
