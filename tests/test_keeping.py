@@ -9,12 +9,16 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 import pytest
 
 from django_cogworker import keeping
+from django_cogworker.conf import get_config
+from django_cogworker.coroutines import ROOM_BATCH, Coroutines
 from django_cogworker.keeping import Keeping
 from django_cogworker.ledger import Ledger, Slots
+from django_cogworker.outcomes import Outcome
 from django_cogworker.work import UnitOfWork
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, wait_for
@@ -240,16 +244,11 @@ def test_a_keeper_of_short_jobs_wakes_no_thread_when_it_hands_a_job_to_the_loop(
     assert wakes == [1, 1, 1]
 
 
-def test_a_loop_that_frees_room_wakes_a_holder_per_slot_else_one_thread_at_room_batch(monkeypatch):
+def test_a_loop_that_frees_room_wakes_a_holder_per_slot_else_one_thread_at_room_batch():
     """A slot the loop frees goes to a thread holding a job (one woken per
     slot); with none holding, the ROOM_BATCH-th free slot wakes one thread
     waiting to fetch again, whose one call brings jobs for all of them, not
     every thread waiting."""
-    from dataclasses import replace
-
-    from django_cogworker.conf import get_config
-    from django_cogworker.coroutines import ROOM_BATCH, Coroutines
-    from django_cogworker.outcomes import Outcome
 
     class Settler:
         def finished(self, *args: object) -> None:
