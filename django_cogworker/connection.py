@@ -31,7 +31,8 @@ from django_cogworker import direct, errors, redis_url, sentinel
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config, get_config
 from django_cogworker.errors import ConfigurationError, RedisUnavailable, is_unavailable
-from django_cogworker.keys import Keys, keys
+from django_cogworker.keys import Keys
+from django_cogworker.layouts import keys
 from django_cogworker.sentinel import follow_master as follow_master  # its callers' old name
 
 logger = logging.getLogger("django_cogworker")

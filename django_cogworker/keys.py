@@ -1,16 +1,15 @@
 """Every Redis key name, built from the namespace (SPEC section 4).
 
-No other module formats a key. ``Keys`` is cheap to build and immutable, so
-callers take one from :func:`keys` (cached per namespace).
+No other module formats a key (``layouts.py`` has the sharded layout's).
+``Keys`` is cheap to build and immutable, so callers take one from
+``layouts.keys()`` (cached per namespace).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
-from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.escaping import storable
 
 #: The minute in a per-minute counter's name (UTC): ``2026-03-14T09:05``.
@@ -24,7 +23,7 @@ class Keys:
     """The key names of a namespace where every queue shares one layout:
     ``SHARDING`` off, the default (SPEC section 4)."""
 
-    #: Whether each queue group has keys of its own (:class:`ShardedKeys`).
+    #: Whether each queue group has keys of its own (``layouts.ShardedKeys``).
     sharded = False
 
     def __init__(self, namespace: str) -> None:
@@ -61,6 +60,11 @@ class Keys:
         #: Callbacks enqueued, by event: the metrics' counter.
         self.stat_batch_callbacks = f"{n}:stat:batch_callbacks"
         self.batch_prefix = f"{n}:batch:"
+        #: Under SHARDING: the jobs a batch's script pushes (its members at
+        #: its opening, its callbacks, a chain's next step), as a schedule
+        #: (score: when due), which ``workflows/forward.py`` moves to their
+        #: groups; without it a batch's script pushes them itself.
+        self.forward = f"{n}:forward"
         # A process's record and the beats: under SHARDING the shared ones
         # are for display and cleanup, and each group keeps its own, which
         # its master judges a death by (G2 per shard).
@@ -104,6 +108,14 @@ class Keys:
         #: The group's queues that jobs were moved to (``move_due.lua``):
         #: the shared registry without SHARDING, the group's own with it.
         self.moved_to = f"{g}:queues"
+        #: Under SHARDING: the ends of the group's batch members, for
+        #: ``workflows/forward.py`` to apply to their batches in ``{N}``
+        #: (a list, oldest first; each entry numbered from ``outbox_seq``),
+        #: and the digests of the jobs forwarded into the group, by time,
+        #: so that a forward repeated after a crash pushes nothing twice.
+        self.outbox = f"{g}:outbox"
+        self.outbox_seq = f"{g}:outbox:seq"
+        self.forwarded = f"{g}:forwarded"
         #: Digests of the list entries moved into the group from the
         #: one-slot layout (``migrate_layout``): a rerun moves none twice.
         self.migrated = f"{g}:migrated"
@@ -112,6 +124,19 @@ class Keys:
     def shared(self) -> Keys:
         """The keys every group shares (the process records, the beats
         shown in the admin): these same keys when unsharded."""
+        return self
+
+    @property
+    def batch_schedule(self) -> str:
+        """Where a batch's script puts the jobs it starts (its members, its
+        callbacks, a chain's next step): ``N:schedule``, which the poller
+        moves to their queues; under SHARDING ``{N}:forward``, as no script
+        on the batch's slot reaches the queues' slots."""
+        return self.schedule
+
+    def home(self, payload: Mapping[str, Any]) -> Keys:
+        """The keys of the group a script about ``payload`` runs in: these
+        keys when they are one group's (or unsharded), else its queue's."""
         return self
 
     def group(self, name: str) -> Keys:
@@ -224,122 +249,3 @@ class Keys:
 
     def result(self, jid: str) -> str:
         return self.results_prefix + jid
-
-
-class GroupKeys(Keys):
-    """The keys of one queue group under ``SHARDING = "queues"`` (SPEC
-    section 16): its own under the tag ``{N:<group>}``, so that they share a
-    slot, and the shared ones under ``{N}``. A queue named like its group is
-    ``{N:<q>}:queue``; another queue of the group ``{N:<group>}:queue:<q>``."""
-
-    sharded = True
-
-    def __init__(self, namespace: str, group: str, root: ShardedKeys) -> None:
-        self.namespace = namespace
-        self.group_name = group
-        self._root = root
-        self._shared("{" + namespace + "}")
-        self._per_group("{" + f"{namespace}:{group}" + "}")
-        self._own_queue = self.queue_prefix.removesuffix(":")
-
-    def queue(self, name: str) -> str:
-        if name == self.group_name:
-            return self._own_queue
-        if self._root.group_of(name) == self.group_name:
-            return self.queue_prefix + name
-        return self._root.queue(name)  # a queue of another group: under its tag
-
-    def queue_of(self, key: str) -> str:
-        return self.group_name if key == self._own_queue else key.removeprefix(self.queue_prefix)
-
-    def own(self, queue: str) -> str:
-        if self._root.group_of(queue) == self.group_name:
-            return queue
-        return self._root.first_queue(self.group_name)
-
-    @property
-    def shared(self) -> Keys:
-        return self._root
-
-    def group(self, name: str) -> Keys:
-        return self._root.group(name)
-
-    def for_queue(self, queue: str) -> Keys:
-        return self._root.for_queue(queue)
-
-    def group_of(self, queue: str) -> str:
-        return self._root.group_of(queue)
-
-    def for_payload(self, payload: Mapping[str, Any]) -> Keys:
-        return self._root.for_payload(payload)
-
-    def limit_waiting(self, name: str, queue: str) -> str:
-        if self._root.group_of(queue) == self.group_name:
-            return super().limit_waiting(name, queue)
-        return self._root.limit_waiting(name, queue)
-
-    def queue_clearing(self, name: str, token: str) -> str:
-        if self._root.group_of(name) == self.group_name:
-            return super().queue_clearing(name, token)
-        return self._root.queue_clearing(name, token)
-
-
-class ShardedKeys(Keys):
-    """The shared keys under ``SHARDING = "queues"``, and the way to each
-    group's (:meth:`group`, :meth:`for_queue`). A key that belongs to a
-    group is not here: asking for it is a mistake, and says so."""
-
-    sharded = True
-
-    def __init__(self, namespace: str, groups: dict[str, str]) -> None:
-        self.namespace = namespace
-        self._groups = groups
-        self._group_keys: dict[str, GroupKeys] = {}
-        self._shared("{" + namespace + "}")
-
-    def __getattr__(self, name: str) -> str:
-        # Only called for a name __init__ did not set: a group's key.
-        raise AttributeError(
-            f"{name} belongs to one queue group under SHARDING = 'queues': "
-            "take it from keys.group() or keys.for_queue()"
-        )
-
-    def group(self, name: str) -> Keys:
-        found = self._group_keys.get(name)
-        if found is None:
-            found = self._group_keys[name] = GroupKeys(self.namespace, name, self)
-        return found
-
-    def for_queue(self, queue: str) -> Keys:
-        return self.group(self._groups.get(queue, queue))
-
-    def for_payload(self, payload: Mapping[str, Any]) -> Keys:
-        queue = payload.get("queue")
-        return self.for_queue(queue if isinstance(queue, str) and queue else DEFAULT_QUEUE)
-
-    def group_of(self, queue: str) -> str:
-        return self._groups.get(queue, queue)
-
-    def first_queue(self, group: str) -> str:
-        """The first queue ``QUEUE_GROUPS`` lists in ``group``; the group
-        itself when no entry names it (a group of one queue)."""
-        return next((q for q, g in self._groups.items() if g == group), group)
-
-    def queue(self, name: str) -> str:
-        return self.for_queue(name).queue(name)
-
-    def queue_of(self, key: str) -> str:
-        raise AttributeError("a queue key belongs to one group: ask keys.group() which queue it names")
-
-    def limit_waiting(self, name: str, queue: str) -> str:
-        return self.for_queue(queue).limit_waiting(name, queue)
-
-    def queue_clearing(self, name: str, token: str) -> str:
-        return self.for_queue(name).queue_clearing(name, token)
-
-
-@functools.lru_cache(maxsize=64)
-def keys(namespace: str, groups: tuple[tuple[str, str], ...] | None = None) -> Keys:
-    """The keys of ``namespace``; with ``groups`` (queue -> group pairs,
-    from ``QUEUE_GROUPS``, empty when none), the sharded layout."""
-    return Keys(namespace) if groups is None else ShardedKeys(namespace, dict(groups))

@@ -36,7 +36,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from django_cogworker.conf import DEFAULT_QUEUE
-from django_cogworker.keys import Keys, keys
+from django_cogworker.keys import Keys
+from django_cogworker.layouts import keys
 from django_cogworker.scripts import script
 
 #: How long the digests of moved list entries are kept, for a rerun.

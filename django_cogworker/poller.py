@@ -27,7 +27,7 @@ from django_cogworker.limits import state
 from django_cogworker.payload import Payload, encode_stored, parse
 from django_cogworker.process import ProcessContext
 from django_cogworker.scripts import script
-from django_cogworker.workflows import effects
+from django_cogworker.workflows import effects, forward
 from django_cogworker.workflows import state as batches
 
 logger = logging.getLogger("django_cogworker")
@@ -87,6 +87,9 @@ class Poller:
         while True:
             try:
                 self.enqueue_due()
+                if self.keys.sharded:
+                    # Workflows across slots (SPEC 16): the group's outbox, {N}:forward.
+                    forward.run_pass(self.client, self.keys, self.config, self.process.done)
                 # Limiters' waiters whose wake was missed, and idle names
                 # forgotten (SPEC section 14): one HGETALL when none is used.
                 state.sweep(self.client, self.keys)

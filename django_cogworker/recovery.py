@@ -31,7 +31,7 @@ from django_cogworker.payload import Payload, encode_stored, salvage
 from django_cogworker.process import ProcessContext
 from django_cogworker.requeue import ORPHANINGS_TTL_S, requeue_list
 from django_cogworker.scripts import script
-from django_cogworker.workflows import effects
+from django_cogworker.workflows import effects, forward
 
 logger = logging.getLogger("django_cogworker")
 
@@ -201,6 +201,8 @@ class Recovery:
                 buried += 1
                 logger.error("jid=%s orphaned too often; moved to dead", entry.get("jid"))
                 self.buried_as_dead(entry)
+        if buried and self.keys.sharded:
+            forward.soon(self.client, self.keys, self.config)  # dead in their batches, now
         return buried
 
     def complete_raw_burials(self, raws: list[bytes]) -> None:
@@ -216,6 +218,8 @@ class Recovery:
                 extra = effects.moved(self.keys, self.config, entry, effects.DEAD)
                 if extra[0]:
                     script("batch_move")(self.client, *extra)  # dead in its batch too
+                    if self.keys.sharded:
+                        forward.soon(self.client, self.keys, self.config)
                 self.buried_as_dead(entry)
             except Exception as exc:
                 logger.error("completing the dead entry of a repeat orphan failed: %s", exc)

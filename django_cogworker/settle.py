@@ -34,7 +34,7 @@ from django_cogworker.payload import salvage
 from django_cogworker.requeue import requeue_list, requeue_one
 from django_cogworker.scripts import script
 from django_cogworker.work import UnitOfWork
-from django_cogworker.workflows import effects
+from django_cogworker.workflows import effects, forward
 from django_cogworker.workflows.ends import settle_flow, workflow_of
 
 logger = logging.getLogger("django_cogworker")
@@ -342,4 +342,6 @@ def file_unsettled(ctx: FetchContext) -> int:
         ):
             break
         filed += 1
+    if filed and k.sharded:
+        forward.soon(client, k, ctx.config)  # members' moves, from the outbox to their batches
     return filed

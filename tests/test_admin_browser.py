@@ -28,7 +28,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import sync_playwright
 
 from django_cogworker import api, metrics
-from django_cogworker.keys import keys
+from django_cogworker.layouts import keys
 from django_cogworker.payload import encode
 from testproject.testapp import jobs
 from tests.conftest import ROOT, wait_for

@@ -9,6 +9,7 @@ SIGSTOP, admin retries under load) in ``tests/test_batches_chaos.py``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -54,6 +55,14 @@ def wait_settled(cog: CogEnv, bid: str) -> dict[str, str]:
         progress=lambda: cog.redis.llen(cog.key("test:runs")),
     )
     return batch_hash(cog, bid)
+
+
+def callbacks_enqueued(cog: CogEnv, bid: str) -> list[str]:
+    """The jids of ``bid``'s callbacks enqueued and not yet run: in
+    ``N:schedule``, due now (the poller moves them), or under SHARDING
+    already forwarded onto their queue."""
+    raws = [*cog.redis.zrange(cog.key("schedule"), 0, -1), *cog.redis.lrange(cog.key("queue:default"), 0, -1)]
+    return sorted(jid for jid in (json.loads(raw)["jid"] for raw in raws) if jid.startswith(f"{bid}-"))
 
 
 def queued(cog: CogEnv, queue: str = "default") -> int:

@@ -22,7 +22,7 @@ from django_cogworker.admin import metrics_chart
 from django_cogworker.admin.helpers import segment
 from django_cogworker.admin.metrics_chart import hhmm
 from django_cogworker.connection import get_redis
-from django_cogworker.keys import keys
+from django_cogworker.layouts import keys
 from testproject.testapp import jobs
 from tests.conftest import wait_for
 from tests.test_admin import client_for, make_user

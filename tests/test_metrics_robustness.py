@@ -21,7 +21,7 @@ from django.urls import path
 
 from django_cogworker import api, metrics, views
 from django_cogworker.api import metrics as api_metrics
-from django_cogworker.keys import keys
+from django_cogworker.layouts import keys
 from testproject.testapp import jobs
 from tests.conftest import ROOT, manage_env, wait_for
 from tests.test_metrics_page import BASE, job_url, minute_key, put, row_names, text

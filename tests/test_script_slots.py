@@ -82,6 +82,12 @@ NOT_REACHED = {
     "reserve": "a wake reserving slots under SHARDING",
     "promote_group": "a wake moving waiters onto their queue under SHARDING",
     "release_held": "slots freed under SHARDING",
+    # A workflow's steps between its batch's slot and its jobs' groups under
+    # SHARDING (workflows/forward.py): tests/test_sharded_workflows.py and
+    # tests/test_sharded_workflow_modules.py run them on a real cluster,
+    # which refuses any call across slots.
+    "batch_apply": "a member's end applied from its group's outbox under SHARDING",
+    "forward_push": "a job a batch started, pushed into its group under SHARDING",
 }
 
 #: A worker that beats only at its start (and deregisters as it stops), so

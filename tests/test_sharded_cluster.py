@@ -1,9 +1,8 @@
 """The sharded layout (SPEC section 16) on a real Redis Cluster of three
 masters, each with a replica.
 
-This release refuses ``SHARDING = "queues"`` (E035): workflows do not
-span groups yet (limiters do: ``tests/test_sharded_limits.py``). What is there runs here, workers started with
-``--skip-checks``:
+Limiters across groups are in ``tests/test_sharded_limits.py``, workflows
+in ``tests/test_sharded_workflows.py``. Here:
 queues spread over the masters (their share of the commands), each script
 call in one slot (a cluster refuses any other), a SIGKILLed worker of
 three groups (a process per group) whose jobs come back by the decision

@@ -13,8 +13,7 @@ group's keys (queues, in-progress lists, sets, the beats its master judges
 a death by) in one slot, and the shared ones (registry, process records,
 stats, paused queues) under ``{N}``, in another slot, often on another
 master. The tests' own reads and writes go to the group's keys through the
-same helpers (``keys()``, ``cog.key()``), and workers start with
-``--skip-checks`` (this release refuses ``SHARDING`` at startup: E035).
+same helpers (``keys()``, ``cog.key()``).
 """
 
 from __future__ import annotations
@@ -117,7 +116,7 @@ def one_group(
         return f"{group.tag}:{suffix}"
 
     cog.key_of = key_of
-    cog.worker_args = ("--skip-checks",)
+    cog.worker_args = ("--skip-checks",)  # faster starts; tests/test_sharded_workflows.py runs the checks
     for module in (guarantees, test_revival, test_bounds, test_supervisor, test_chaos):
         monkeypatch.setattr(module, "keys", lambda: get_keys().group(GROUP))
     yield

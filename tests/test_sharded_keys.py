@@ -14,7 +14,8 @@ from redis.crc import key_slot
 
 from django_cogworker.checks import check_settings
 from django_cogworker.connection import get_keys
-from django_cogworker.keys import Keys, keys
+from django_cogworker.keys import Keys
+from django_cogworker.layouts import keys
 
 CLUSTER_URL = "redis+cluster://127.0.0.1:7000"
 
@@ -168,9 +169,12 @@ def test_e035_sharding_needs_a_cluster_and_a_namespace_without_braces():
     assert errors_of(unbraced, "cogworker.E024") == []
 
 
-def test_e035_this_release_refuses_to_run_sharded_and_says_why():
-    (e,) = errors_of({"REDIS_URL": CLUSTER_URL, "SHARDING": "queues"}, "cogworker.E035")
-    assert "is not available in this release" in e.msg
+def test_e035_sharding_on_a_cluster_with_a_plain_namespace_passes():
+    assert errors_of({"REDIS_URL": CLUSTER_URL, "SHARDING": "queues"}, "cogworker.E035") == []
+    assert (
+        errors_of({"REDIS_URL": CLUSTER_URL, "SHARDING": "queues", "NAMESPACE": "app"}, "cogworker.E035")
+        == []
+    )
     assert errors_of({"REDIS_URL": CLUSTER_URL}, "cogworker.E035") == []
 
 
@@ -196,7 +200,7 @@ def test_e036_valid_groups_pass():
 
 def test_sharded_split_a_process_per_group_with_the_threads_shared_by_weight() -> None:
     from django_cogworker.conf import QueueSpec
-    from django_cogworker.keys import keys
+    from django_cogworker.layouts import keys
     from django_cogworker.shards import split
 
     queues = (QueueSpec("default", 3), QueueSpec("mail", 1), QueueSpec("mail_bulk", 2), QueueSpec("low", 1))

@@ -1,12 +1,12 @@
 """The sharded key layout (SPEC section 16) on one plain server.
 
-This release refuses ``SHARDING = "queues"`` (E035): workflows do not yet
-span groups (the admin's and the API's merged views:
-``tests/test_sharded_views.py``; limiters: ``tests/test_sharded_limits.py``). What
-it has is the layout and the seam every key goes through (``keys.py``).
-These tests run workers with sharding on against one plain redis-server
-(``--skip-checks``, which also lets the URL name no cluster), so that a key
-built outside the seam fails: the shared keys refuse to name a group's key.
+The admin's and the API's merged views are in
+``tests/test_sharded_views.py``, limiters in ``tests/test_sharded_limits.py``,
+workflows in ``tests/test_sharded_workflows.py``. Here: the layout and the
+seam every key goes through (``keys.py``). These tests run workers with
+sharding on against one plain redis-server (``--skip-checks``, which also
+lets the URL name no cluster), so that a key built outside the seam
+fails: the shared keys refuse to name a group's key.
 They check that jobs run exactly as without sharding, that every key lands
 under ``{N}`` or its group's ``{N:<g>}``, and, with the slot guard, that no
 script call mixes slots. The same workers on a real cluster, which refuses

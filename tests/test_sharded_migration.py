@@ -23,7 +23,8 @@ import redis
 from django.core.management import CommandError, call_command
 
 from django_cogworker.connection import get_keys
-from django_cogworker.keys import Keys, keys
+from django_cogworker.keys import Keys
+from django_cogworker.layouts import keys
 from django_cogworker.migrate_layout import Migration
 from django_cogworker.payload import encode
 from testproject.testapp import jobs, limited_jobs

@@ -68,6 +68,8 @@ def bulk(records: Iterable[JobRecord], action: str) -> int:
         if keys.sharded and action == "retry":
             # The shared registry of queues, in the {N} slot (JobRecord.retry does the same).
             client.sadd(keys.queues, *{r.destination_queue for r in chunk})
+        for record in {r.home: r for r in chunk if r.bid}.values():
+            record.forward_ends()  # once per group: members' moves to their batches
     return done
 
 

@@ -26,7 +26,7 @@ from django_cogworker.api.queues import Queue
 from django_cogworker.api.records import JobRecord
 from django_cogworker.api.sets import DeadSet, RetrySet, ScheduledSet
 from django_cogworker.api.unsettled import UnsettledSet
-from django_cogworker.connection import get_redis
+from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 
 #: Entries of each queue read, at most, looking for a batch's members: from
@@ -85,6 +85,7 @@ def _in_queues(bid: str, wanted: set[str], found: dict[str, Place]) -> None:
     client = get_redis()
     marker = b'"bid"'
     for queue in Queue.all():
+        home = get_keys().for_queue(queue.name)
         for end in range(-1, -QUEUE_SCAN_ENTRIES - 1, -_QUEUE_CHUNK):
             if not wanted - set(found):
                 return
@@ -97,7 +98,7 @@ def _in_queues(bid: str, wanted: set[str], found: dict[str, Place]) -> None:
                     continue
                 jid = field_text(raw, "jid")
                 if jid is None or (jid in wanted and jid not in found):
-                    record = JobRecord(raw, source=queue.key, kind="queue")
+                    record = JobRecord(raw, source=queue.key, kind="queue", home=home)
                     if record.jid in wanted and record.jid not in found and record.bid == bid:
                         found[record.jid] = Place(record.jid, "queue", queue.name, record)
             if len(raws) < _QUEUE_CHUNK:

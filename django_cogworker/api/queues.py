@@ -155,7 +155,7 @@ class Queue:
         for start in range(0, size, _CLEAR_CHUNK):
             for raw in client.lrange(aside, start, start + _CLEAR_CHUNK - 1):
                 if b'"bid"' in raw:
-                    record = JobRecord(raw, source=aside, kind="queue")
+                    record = JobRecord(raw, source=aside, kind="queue", home=k.for_queue(self.name))
                     if record.bid:
                         members.append(record)
         bulk(members, "delete")
@@ -170,7 +170,8 @@ class Queue:
         end = -1 - offset
         start = end - limit + 1
         raws: list[bytes] = unless_wrong_type(lambda: get_redis().lrange(self.key, start, end), [])
-        return [JobRecord(r, source=self.key, kind="queue") for r in reversed(raws)]
+        home = get_keys().for_queue(self.name)
+        return [JobRecord(r, source=self.key, kind="queue", home=home) for r in reversed(raws)]
 
     def __iter__(self) -> Iterator[JobRecord]:
         return paged(self.page)

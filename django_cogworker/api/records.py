@@ -28,7 +28,7 @@ from django_cogworker.escaping import storable
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode_stored, parse, text
 from django_cogworker.scripts import script
-from django_cogworker.workflows import effects
+from django_cogworker.workflows import effects, forward
 
 #: Jobs per page of a listing, when the caller does not say.
 PAGE_SIZE = 25
@@ -253,7 +253,15 @@ class JobRecord:
         moved = bool(script("move")(client, *call))
         if moved and self.home.sharded and call[1][3] == "queue":
             client.sadd(get_keys().queues, call[1][4])  # the shared registry, in the {N} slot
+        if moved:
+            self.forward_ends()
         return moved
+
+    def forward_ends(self) -> None:
+        """Under SHARDING, a batch member's move reaches its batch now
+        (``workflows/forward.py``) rather than at a worker's next poll."""
+        if self.home.sharded and effects.levels(self.payload):
+            forward.soon(get_redis(), self.home, get_config())
 
     def _move_across(self, client: Any, call: MoveCall) -> bool:
         """A retry into another group's queue, in two steps as two slots
@@ -285,7 +293,10 @@ class JobRecord:
             return False  # running: G2 gives it to its process alone
         member = self._delete_call()
         if member is not None:
-            return bool(script("move")(client, *member))
+            moved = bool(script("move")(client, *member))
+            if moved:
+                self.forward_ends()
+            return moved
         if self.kind == "zset":
             return bool(client.zrem(self.source, self._raw))
         return bool(client.lrem(self.source, 1, self._raw))

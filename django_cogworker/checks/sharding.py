@@ -1,7 +1,6 @@
 """Checks of ``SHARDING`` and ``QUEUE_GROUPS`` (SPEC section 16): E035 for
-the mode (its value, a Cluster URL, a namespace without braces, and that
-this release does not run it yet), E036 for the groups (a dict of names to
-lists of queues, each queue in one group)."""
+the mode (its value, a Cluster URL, a namespace without braces), E036 for
+the groups (a dict of names to lists of queues, each queue in one group)."""
 
 from __future__ import annotations
 
@@ -58,14 +57,6 @@ def _check_mode(values: dict[str, Any]) -> list[CheckMessage]:
                 "cogworker.E035",
             )
         )
-    errors.append(
-        error(
-            "COGWORKER['SHARDING'] = 'queues' is not available in this release: workers beat, "
-            "recover, fetch and limit per queue group, but workflows do not span groups yet.",
-            "Leave SHARDING out: on a Redis Cluster every key then lives in the '{cogworker}' slot.",
-            "cogworker.E035",
-        )
-    )
     return errors
 
 

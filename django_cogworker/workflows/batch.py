@@ -24,7 +24,7 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import current_job
 from django_cogworker.errors import EnqueueRefused, redis_boundary
 from django_cogworker.payload import Payload
-from django_cogworker.workflows import state
+from django_cogworker.workflows import forward, state
 from django_cogworker.workflows.signature import Signature
 
 #: The events a batch fires, each at most once (SPEC section 13).
@@ -116,12 +116,14 @@ class Batch:
                 if sum(len(b.members) for b in family) <= state.CHUNK:
                     sections = [state.Section([b.bid, *b.ancestors], b.fields(), b.members) for b in family]
                     state.open_sections(client, keys, config, sections)
-                    return
-                for b in family:
-                    state.open_batch(client, keys, config, [b.bid, *b.ancestors], b.fields(), b.members)
+                else:
+                    for b in family:
+                        state.open_batch(client, keys, config, [b.bid, *b.ancestors], b.fields(), b.members)
             except BaseException:
                 self.cancel()
                 raise
+        if keys.sharded:
+            forward.soon(client, keys, config)  # the members, from {N}:forward to their groups
 
 
 def _enclosing() -> tuple[Batch | None, list[str]]:
@@ -231,6 +233,9 @@ class CurrentBatch:
         except BaseException:
             chain.cancel(ready)
             raise
+        keys = get_keys()
+        if keys.sharded:
+            forward.soon(get_redis(), keys, get_config())
         return jid
 
 

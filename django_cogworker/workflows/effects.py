@@ -22,7 +22,7 @@ from django_cogworker import registry
 from django_cogworker.conf import Config
 from django_cogworker.errors import CogworkerError
 from django_cogworker.keys import Keys
-from django_cogworker.payload import Payload, new_jid
+from django_cogworker.payload import Payload, encode, new_jid
 from django_cogworker.scripts import Arg, script
 from django_cogworker.workflows.state import level_keys, ttls
 
@@ -31,6 +31,9 @@ SUCCEEDED, FAILED, DEAD, REVIVED = "s", "f", "d", "r"
 
 #: The marker in ``ack.lua``'s and ``file.lua``'s ARGV that batch arguments follow.
 MARKER = "@batch"
+
+#: After MARKER: the end goes to its group's outbox (SHARDING).
+OUTBOX = "@outbox"
 
 
 class ResultRefused(CogworkerError):
@@ -128,6 +131,8 @@ def end_args(
 ) -> tuple[list[str], list[Arg]]:
     """The extra KEYS and ARGV of ``batch_member_end`` for this member's end."""
     bids = levels(payload)
+    if keys.sharded:
+        return outbox_args(keys.home(payload), payload, move, bids, result, following)
     queue_key = keys.queue(str(following["queue"])) if following is not None else keys.schedule
     script_keys = [
         keys.schedule,
@@ -150,6 +155,23 @@ def end_args(
         str(following["queue"]) if following is not None else "",
     ]
     return script_keys, args
+
+
+def outbox_args(
+    home: Keys, payload: Payload, move: str, bids: list[str], result: str | None, following: Payload | None
+) -> tuple[list[str], list[Arg]]:
+    """Under SHARDING the member's batch is in the ``{N}`` slot, out of the
+    script's reach: the end goes to its group's outbox in the same step,
+    for ``forward.py`` to apply to the batch (``batch_apply.lua``)."""
+    end = {
+        "g": getattr(home, "group_name", ""),
+        "m": move,
+        "j": str(payload.get("jid") or ""),
+        "b": bids,
+        "r": (result or "") if payload.get("chord") else "",
+        "n": following,
+    }
+    return [home.outbox, home.outbox_seq], [MARKER, OUTBOX, encode(end)]
 
 
 def moved(keys: Keys, config: Config, payload: Payload, move: str) -> tuple[list[str], list[Arg]]:

@@ -20,7 +20,7 @@ from django_cogworker.ledger import Ack, Pending
 from django_cogworker.payload import Payload, encode
 from django_cogworker.scripts import script
 from django_cogworker.work import UnitOfWork
-from django_cogworker.workflows import effects
+from django_cogworker.workflows import effects, forward
 
 
 def workflow_of(work: UnitOfWork) -> Payload | None:
@@ -53,8 +53,10 @@ def settle_flow(
         if inprogress is None:
             # Basic fetch: no list to take it off, nothing to ack; its effects alone.
             script("batch_move")(client, *extra)
-            return
-        script("ack")(client, [inprogress, keys.orphanings(work.jid), *extra[0]], [work.raw, *extra[1]])
+        else:
+            script("ack")(client, [inprogress, keys.orphanings(work.jid), *extra[0]], [work.raw, *extra[1]])
+        if keys.sharded:
+            forward.soon(client, keys, config)  # its end, from the outbox to its batch
         return
     move = effects.DEAD if how.zset == keys.dead else effects.FAILED
     extra = effects.end_args(keys, config, payload, move, None, None)
@@ -71,3 +73,5 @@ def settle_flow(
         how.trim,
         extra=extra,
     )
+    if keys.sharded:
+        forward.soon(client, keys, config)

@@ -70,14 +70,24 @@ class Section:
 def open_sections(client: Any, keys: Keys, config: Config, sections: Sequence[Section]) -> int:
     """Every section in one ``batch_open.lua`` call, so in one step: a batch
     and the children opened inside its block, all or none. Returns how many
-    members were pushed."""
-    script_keys = [keys.batches, keys.schedule, keys.queues, keys.stat_batch_callbacks, keys.batches_open]
+    members were pushed. Under SHARDING every member goes to
+    ``{N}:forward`` (due at once: score 0), which the caller pushes on at
+    once (``forward.py``), and any worker's poller after a crash."""
+    script_keys = [
+        keys.batches,
+        keys.batch_schedule,
+        keys.queues,
+        keys.stat_batch_callbacks,
+        keys.batches_open,
+    ]
     args: list[Arg] = [*ttls(config)]
     for section in sections:
         queues: dict[str, int] = {}
         entries: list[Arg] = []
         for member, payload, at in section.members:
             index = 0
+            if payload is not None and at is None and keys.sharded:
+                at = 0.0
             if payload is not None and at is None:
                 index = queues.setdefault(str(payload["queue"]), len(queues) + 1)
             raw = encode(payload) if payload is not None else b""

@@ -147,7 +147,18 @@ end
 -- levels, their bids, the open TTL, the settled TTL, the result ("" none),
 -- the next chain step's payload ("" none), its jid, its queue's name.
 -- Returns 1 if the member moved.
+--
+-- Under SHARDING the batch's keys are in another slot: KEYS from `first`
+-- are the group's outbox and its counter, ARGV[arg] is "@outbox" and
+-- ARGV[arg + 1] the end as workflows/effects.py wrote it. The end is
+-- numbered and queued on the outbox, in the same step as the ack or
+-- filing; workflows/forward.py applies it (batch_apply.lua). Returns 1.
 local function batch_member_end(first, arg)
+  if ARGV[arg] == "@outbox" then
+    local seq = redis.call("INCR", KEYS[first + 1])
+    redis.call("RPUSH", KEYS[first], seq .. "|" .. ARGV[arg + 1])
+    return 1
+  end
   local how, member, count = ARGV[arg], ARGV[arg + 1], tonumber(ARGV[arg + 2])
   local bids = {}
   for i = 1, count do bids[i] = ARGV[arg + 2 + i] end
@@ -165,8 +176,14 @@ local function batch_member_end(first, arg)
       redis.call("SADD", KEYS[k + 1], next_jid)
       redis.call("SADD", KEYS[k + 2], next_jid)
     end
-    redis.call("LPUSH", KEYS[first + 4], next_raw)
-    redis.call("SADD", KEYS[first + 1], next_queue)
+    if KEYS[first + 4] == KEYS[first] then
+      -- SHARDING (batch_apply.lua): the step's queue is in another slot;
+      -- it joins the schedule, due now, for the forwarder to push.
+      redis.call("ZADD", KEYS[first], batch_now(), next_raw)
+    else
+      redis.call("LPUSH", KEYS[first + 4], next_raw)
+      redis.call("SADD", KEYS[first + 1], next_queue)
+    end
   end
   if count == 0 then return 0 end
   local ctx = batch_context(first, first + 5, bids, ttl, done_ttl)

@@ -20,8 +20,8 @@ from django_cogworker.migrate_layout import Migration, live_processes, old_keys
 
 class Command(BaseCommand):
     help = "Move the jobs of the one-slot layout to the sharded one (SHARDING = 'queues')."
-    # Its settings have SHARDING on, which this release's checks refuse
-    # (cogworker.E035) for workers: the move prepares for it.
+    # It runs between the old workers' stop and the new ones' start; the
+    # checks of the settings are the workers'.
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
