@@ -2,7 +2,9 @@
 Redis Cluster of three masters: a batch, a chain and a chord whose jobs
 are in three groups, each on its own master, so that every member's end
 reaches its batch through its group's outbox and every job a batch
-starts reaches its group through ``{N}:forward`` (``workflows/forward.py``).
+starts reaches its group through ``{N}:forward`` (``workflows/forward.py``);
+and the same under SIGKILL chaos, a process of one of the groups killed
+every second.
 
 The tests of the workflow modules run again on the sharded layout in
 ``tests/test_sharded_workflow_modules.py``, their SIGKILL chaos included.
@@ -10,6 +12,9 @@ The tests of the workflow modules run again on the sharded layout in
 
 from __future__ import annotations
 
+import os
+import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -19,12 +24,15 @@ import pytest
 
 from django_cogworker import batch, chain, chord, group
 from django_cogworker.connection import get_keys
+from testproject.testapp import batch_jobs
 from testproject.testapp import workflow_jobs as wf
-from tests.conftest import CogEnv, delete_sharded, wait_for
+from tests.conftest import CogEnv, delete_sharded, kill, wait_for
 from tests.test_sharded_cluster import queues_per_master
 from tests.topology import ClusterGroup, cluster_redis_url, healthy_cluster, redis_cluster  # noqa: F401
 
 STALL_S = 30
+
+EVENTS = ("success", "complete", "settled")
 
 
 @pytest.fixture
@@ -68,8 +76,7 @@ def left_in_transit(cog: CogEnv, queues: list[str]) -> dict[str, int]:
 def test_g22_sharded_a_batch_over_three_masters_fires_each_callback_once_after_every_member(
     cog: CogEnv, three: list[str]
 ) -> None:
-    events = ("success", "complete", "settled")
-    with batch(**{f"on_{e}": wf.callback.s(e).set(queue=three[i]) for i, e in enumerate(events)}) as b:
+    with batch(**{f"on_{e}": wf.callback.s(e).set(queue=three[i]) for i, e in enumerate(EVENTS)}) as b:
         for i in range(30):
             wf.member.set(queue=three[i % 3]).delay(i)
     k = get_keys()
@@ -81,12 +88,12 @@ def test_g22_sharded_a_batch_over_three_masters_fires_each_callback_once_after_e
     assert sorted(r["tag"] for r in runs) == list(range(30))
     assert {r["bid"] for r in runs} == {b.bid}
     assert sorted((c["tag"], c["event"], c["bid"]) for c in callbacks) == sorted(
-        (e, e, b.bid) for e in events
+        (e, e, b.bid) for e in EVENTS
     )
     figures = {part: cog.redis.scard(k.batch(b.bid, part)) for part in ("pending", "succeeded", "dead")}
     assert figures == {"pending": 0, "succeeded": 30, "dead": 0}
     fired = cog.redis.hgetall(k.batch(b.bid))
-    assert {f"fired:{e}".encode() for e in events} <= set(fired) and b"fired:death" not in fired
+    assert {f"fired:{e}".encode() for e in EVENTS} <= set(fired) and b"fired:death" not in fired
     wait_for(lambda: not left_in_transit(cog, three), 10, "outboxes and forward empty")
     # Each group's outbox was applied once per end: its numbers, kept in the batch.
     seqs = {f: v for f, v in fired.items() if f.startswith(b"seq:")}
@@ -111,3 +118,92 @@ def test_g22_sharded_a_chain_and_a_chord_cross_three_masters_each_step_once(
     assert counts == Counter({"[10, 20]": 1, "30": 1, **{str(i): 1 for i in range(9)}}), counts
     wait_for(lambda: not left_in_transit(cog, three), 10, "outboxes and forward empty")
     assert len(ran(cog, "callbacks")) == 2
+
+
+#: The cross-group chaos: ticks, batches and chains opened per tick, members per batch.
+TICKS = 8
+TICK_S = 1.0
+MEMBERS = 45
+JOB_S = 0.2
+
+
+def test_g22_sharded_sigkill_chaos_over_three_masters_each_callback_once_nothing_lost(
+    cog: CogEnv, three: list[str]
+) -> None:
+    """Two workers per group (each a process of one group), one of the six
+    SIGKILLed and replaced every tick while batches and chains whose jobs
+    are spread over the three groups stream through: their ends cross from
+    three outboxes to the batches' slot, and their callbacks and next steps
+    back, with processes dying between the two steps of each crossing.
+    Every batch settles with every member succeeded, each callback fired
+    once (and ran), every chain reached its last step with the results of
+    the others, and nothing is left in transit."""
+    seed = int(os.environ.get("COGWORKER_CHAOS_SEED") or random.randrange(2**32))
+    print(f"COGWORKER_CHAOS_SEED={seed}")
+    rng = random.Random(seed)
+    settings = {"CONCURRENCY": 3, "MAX_ORPHANINGS": 20}
+    workers = {(q, n): cog.start_worker(QUEUES=[q], **settings) for q in three for n in range(2)}
+    opened: list[str] = []
+    chains: list[str] = []
+    kills = 0
+    for tick in range(TICKS):
+        tick_ends = time.monotonic() + TICK_S
+        events = {f"on_{e}": wf.callback.s(f"{tick}-{e}").set(queue=three[i]) for i, e in enumerate(EVENTS)}
+        with batch(**events) as b:
+            for i in range(MEMBERS):
+                batch_jobs.member.set(queue=three[i % 3]).delay(JOB_S, f"{tick}-{i}")
+        opened.append(b.bid)
+        name = f"c{tick}"
+        chain(*(batch_jobs.link.s(name, i, JOB_S).set(queue=three[i]) for i in range(3))).delay()
+        chains.append(name)
+        time.sleep(rng.uniform(0.2, 0.8) * TICK_S)
+        where = rng.choice(sorted(workers))
+        kill(workers[where])
+        kills += 1
+        workers[where] = cog.start_worker(QUEUES=[where[0]], **settings)
+        time.sleep(max(0.0, tick_ends - time.monotonic()))
+    k = get_keys()
+
+    def unsettled() -> list[str]:
+        return [bid for bid in opened if not cog.redis.hexists(k.batch(bid), "settled_at")]
+
+    def moving() -> tuple[int, int, int]:
+        return (
+            len(ran(cog, "runs")),
+            len(ran(cog, "callbacks")),
+            sum(len(w.log()) for w in workers.values()),
+        )
+
+    wait_for(lambda: not unsettled(), STALL_S, "every batch settled", progress=moving)
+    wait_for(lambda: len(ran(cog, "callbacks")) >= 3 * TICKS, STALL_S, "every callback run", progress=moving)
+    wait_for(
+        lambda: {c for c in chains if [c, 2] in [r["tag"] for r in ran(cog, "runs")]} == set(chains),
+        STALL_S,
+        "every chain's last step",
+        progress=moving,
+    )
+    wait_for(lambda: not left_in_transit(cog, three), STALL_S, "outboxes and forward empty", progress=moving)
+    for tick, bid in enumerate(opened):
+        fields = cog.redis.hgetall(k.batch(bid))
+        assert {f"fired:{e}".encode() for e in EVENTS} <= set(fields), (tick, fields)
+        assert b"fired:death" not in fields
+        figures = {part: cog.redis.scard(k.batch(bid, part)) for part in ("pending", "failed", "dead")}
+        assert figures == {"pending": 0, "failed": 0, "dead": 0}, (tick, figures)
+        assert cog.redis.scard(k.batch(bid, "succeeded")) == MEMBERS
+    member_runs = Counter(str(r["tag"]) for r in ran(cog, "runs") if isinstance(r["tag"], str))
+    starts = Counter(str(r["tag"]) for r in ran(cog, "started") if isinstance(r["tag"], str))
+    again = sum(starts.values()) - len(starts)
+    print(f"{kills} kills; members started again after a kill: {again}, run to their end again: ", end="")
+    print(sum(member_runs.values()) - len(member_runs))
+    assert again > 0, "no kill caught a member running: the chaos tested nothing"
+    ran_members = set(member_runs)
+    assert ran_members == {f"{t}-{i}" for t in range(TICKS) for i in range(MEMBERS)}, "no member lost"
+    # Each callback enqueued once: its jid <bid>-<event>; it may run again
+    # only if a kill caught it running (each takes 1 s).
+    runs = Counter(str(c["tag"]) for c in ran(cog, "callbacks"))
+    assert set(runs) == {f"{t}-{e}" for t in range(TICKS) for e in EVENTS}
+    assert sum(runs.values()) - len(runs) <= kills * settings["CONCURRENCY"], runs
+    # A chain's steps: each got what the one before returned.
+    lasts = [r for r in ran(cog, "runs") if isinstance(r["tag"], list) and r["tag"][1] == 2]
+    assert {r["tag"][0] for r in lasts} == set(chains)
+    assert all(r["so_far"] == [0, 1] for r in lasts), lasts
