@@ -92,8 +92,10 @@ def split(keys: Keys, queues: tuple[QueueSpec, ...], concurrency: int) -> list[G
     one process per group (each beats, fetches, acks and is judged on its
     own group's master alone): each gets its group's queues and a share of
     ``concurrency`` by the groups' weights (a queue's weight, 1 without
-    one), at least one thread. One share when the queues are in one group
-    (and always without SHARDING)."""
+    one), at least one thread; the shares add up to ``concurrency`` (the
+    threads left by rounding down go to the largest remainders), or to the
+    number of groups when that is more. One share when the queues are in
+    one group (and always without SHARDING)."""
     if not keys.sharded:
         return [GroupShare(keys.namespace, queues, concurrency)]
     groups: dict[str, list[QueueSpec]] = {}
@@ -102,10 +104,12 @@ def split(keys: Keys, queues: tuple[QueueSpec, ...], concurrency: int) -> list[G
     if len(groups) <= 1:
         return [GroupShare(g, tuple(qs), concurrency) for g, qs in groups.items()]
     weights = {g: sum(q.weight or 1 for q in qs) for g, qs in groups.items()}
-    total = sum(weights.values())
-    return [
-        GroupShare(g, tuple(qs), max(1, round(concurrency * weights[g] / total))) for g, qs in groups.items()
-    ]
+    exact = {g: concurrency * w / sum(weights.values()) for g, w in weights.items()}
+    threads = {g: max(1, int(e)) for g, e in exact.items()}
+    left = concurrency - sum(threads.values())
+    for g in sorted(exact, key=lambda g: exact[g] - int(exact[g]), reverse=True)[: max(0, left)]:
+        threads[g] += 1
+    return [GroupShare(g, tuple(qs), threads[g]) for g, qs in groups.items()]
 
 
 def known_groups(client: Any, keys: Keys) -> list[Keys]:

@@ -211,8 +211,10 @@ def test_sharded_split_a_process_per_group_with_the_threads_shared_by_weight() -
     assert [(s.group, [q.name for q in s.queues], s.concurrency) for s in shares] == [
         ("default", ["default"], 4),
         ("mail", ["mail", "mail_bulk"], 4),
-        ("low", ["low"], 1),
-    ]
+        ("low", ["low"], 2),
+    ], "weights 3, 3 and 1: 4.3, 4.3 and 1.4 threads; the tenth to the largest remainder"
+    even = split(sharded, (QueueSpec("default", 0), QueueSpec("mail", 0), QueueSpec("low", 0)), 4)
+    assert sorted(s.concurrency for s in even) == [1, 1, 2], "every thread asked for, none more"
     assert shares[1].args() == ["-q", "mail,1", "-q", "mail_bulk,2", "-c", "4"]
     strict = split(sharded, (QueueSpec("mail", 0), QueueSpec("low", 0)), 1)
     assert [(s.group, s.concurrency) for s in strict] == [("mail", 1), ("low", 1)], "at least one thread each"
