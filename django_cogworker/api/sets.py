@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from django_cogworker.api.parsing import glob_escape, quick_match
 from django_cogworker.api.records import ITERATION_BATCH, MAX_OFFSET, PAGE_SIZE, JobRecord, paged
 from django_cogworker.api.scan import SCAN_COUNT, Entry, match_pattern, select_page
+from django_cogworker.api.seek import SEEK_FROM, seek
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
@@ -133,16 +134,19 @@ class SortedSet(JobSet):
         if offset + limit > MAX_OFFSET:
             return []
         if len(self.groups) > 1:
-            return list(itertools.islice(self._merged(), offset, offset + limit))
+            if offset <= SEEK_FROM:
+                return list(itertools.islice(self._merged(), offset, offset + limit))
+            starts, skip = self._seek(offset)
+            return list(itertools.islice(self._merged(starts), skip, skip + limit))
         client = get_redis()
         fn = client.zrevrange if self.newest_first else client.zrange
         return [self._record(r, s) for r, s in fn(self._key(0), offset, offset + limit - 1, withscores=True)]
 
-    def _stream(self, i: int) -> Iterator[Entry]:
-        """Group ``i``'s set in order, ``ITERATION_BATCH`` entries per call."""
+    def _stream(self, i: int, start: int = 0) -> Iterator[Entry]:
+        """Group ``i``'s set in order from rank ``start``, ``ITERATION_BATCH``
+        entries per call."""
         client = get_redis()
         fn = client.zrevrange if self.newest_first else client.zrange
-        start = 0
         while True:
             batch = fn(self._key(i), start, start + ITERATION_BATCH - 1, withscores=True)
             yield from ((float(score), raw, i) for raw, score in batch)
@@ -150,12 +154,19 @@ class SortedSet(JobSet):
                 return
             start += ITERATION_BATCH
 
-    def _merged(self) -> Iterator[JobRecord]:
-        """Every group's set merged in the set's order (SPEC section 16): a
-        page at ``offset`` reads about ``offset`` entries in all, not per group."""
-        streams = [self._stream(i) for i in range(len(self.groups))]
+    def _merged(self, starts: list[int] | None = None) -> Iterator[JobRecord]:
+        """Every group's set merged in the set's order (SPEC section 16),
+        each from its rank in ``starts`` (from its first entry when None)."""
+        streams = [self._stream(i, starts[i] if starts else 0) for i in range(len(self.groups))]
         for score, raw, i in heapq.merge(*streams, reverse=self.newest_first):
             yield self._record(raw, score, i)
+
+    def _seek(self, offset: int) -> tuple[list[int], int]:
+        """Where the merged page at ``offset`` starts in each group's set
+        (``api.seek``): a deep page reads a page and its ties, not every
+        entry before it."""
+        keys = [self._key(i) for i in range(len(self.groups))]
+        return seek(get_redis(), keys, offset, newest_first=self.newest_first)
 
     def __iter__(self) -> Iterator[JobRecord]:
         if len(self.groups) == 1:
