@@ -661,3 +661,47 @@ def test_g18_sharded_a_process_cut_off_from_its_groups_master_only_starts_nothin
         a.signal(signal.SIGTERM)
         c.signal(signal.SIGTERM)
         assert a.wait(STALL_S) == 0 and c.wait(STALL_S) == 0
+
+
+def test_g17_sharded_every_node_killed_and_restarted_from_its_aof_mid_run_loses_nothing(
+    sharded: CogEnv,
+    redis_cluster: ClusterGroup,  # noqa: F811
+) -> None:
+    """G17 on the sharded layout: every node of the cluster (three masters,
+    three replicas, append-only) SIGKILLed mid-run and started again from
+    its files, while a worker of three groups on the three masters runs:
+    its processes wait out the outage, and every job runs to an end, none
+    lost, at most one per thread twice."""
+    cog = sharded
+    placed = [names[0] for names in queues_per_master(redis_cluster, cog.namespace, 1).values()]
+    tagged = [f"{q}-{i}" for q in placed for i in range(150)]
+    for q in placed:
+        jobs.pace.set(queue=q).delay_many([((0.02, f"{q}-{i}"), {}) for i in range(150)])
+    worker = cog.start_worker(QUEUES=placed, CONCURRENCY=6)  # a process per group, two threads each
+    wait_for(
+        lambda: len(cog.notes()) >= 60, STALL_S, "the run to get going", progress=lambda: len(worker.log())
+    )
+    for node in redis_cluster.nodes:
+        node.kill()
+    time.sleep(1.0)
+    for node in redis_cluster.nodes:
+        node.start()
+    redis_cluster.heal()  # the same roles again (or, had a replica taken over, a replica for each master)
+
+    def ran() -> Counter[str]:
+        return Counter(str(n["tag"]) for n in cog.notes())
+
+    wait_for(lambda: set(ran()) == set(tagged), STALL_S, "every job to run after the restart", progress=ran)
+    k = get_keys()
+    wait_for(
+        lambda: sum(cog.redis.llen(k.queue(q)) for q in placed) == 0,
+        STALL_S,
+        "every queue empty",
+        progress=ran,
+    )
+    assert worker.alive()
+    second_runs = sum(n - 1 for n in ran().values())
+    assert second_runs <= 6, f"{second_runs} jobs ran twice (at most one per thread)"
+    log = worker.log()
+    outage = ("Redis unreachable", "Redis has no master")
+    assert any(said in log for said in outage) and "processing resumed" in log, log[-3000:]
