@@ -155,6 +155,32 @@ def test_g16_sharded_views_actions_stay_in_the_entrys_group(
     assert {"move"} <= {c["script"] for c in calls(sharded)}, "the guard saw the moves"
 
 
+def test_g22_sharded_a_dead_member_retried_into_another_groups_queue_is_live_again_in_its_batch(
+    cog: CogEnv,
+    sharded: Path,  # noqa: F811
+) -> None:
+    """A batch's member dead in the default group's set while its payload
+    names ``low`` (pushed by hand, or QUEUE_GROUPS changed since): its retry
+    spans two slots, in two steps, and its batch counts it live again, as
+    for any retry from dead before the batch settled."""
+    from django_cogworker import batch
+    from testproject.testapp import jobs
+
+    k = get_keys()
+    with batch() as b:
+        jid = jobs.record.set(queue="low").delay("revived")
+        jobs.record.set(queue="low").delay("holds the batch open")
+    raw = cog.redis.rpop(k.queue("low"))
+    assert json.loads(raw)["jid"] == jid
+    cog.redis.zadd(k.group("default").dead, {raw: 1.0})
+    cog.redis.smove(k.batch(b.bid, "pending"), k.batch(b.bid, "dead"), jid)  # as its death would
+    assert api.DeadSet().find(jid).retry() is True
+    assert json.loads(cog.redis.lindex(k.queue("low"), 0))["jid"] == jid
+    assert cog.redis.smembers(k.batch(b.bid, "failed")) == {jid.encode()}, "live again in its batch"
+    assert cog.redis.scard(k.batch(b.bid, "dead")) == 0
+    assert mixed_calls(sharded) == {}
+
+
 def test_g16_sharded_views_unsettled_and_in_progress_lists_of_every_group(
     cog: CogEnv,
     sharded: Path,  # noqa: F811

@@ -12,6 +12,7 @@ The tests of the workflow modules run again on the sharded layout in
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -77,11 +78,12 @@ def test_g22_sharded_a_batch_over_three_masters_fires_each_callback_once_after_e
     cog: CogEnv, three: list[str]
 ) -> None:
     with batch(**{f"on_{e}": wf.callback.s(e).set(queue=three[i]) for i, e in enumerate(EVENTS)}) as b:
-        for i in range(30):
-            wf.member.set(queue=three[i % 3]).delay(i)
+        enqueued = [wf.member.set(queue=three[i % 3]).delay(i) for i in range(30)]
     k = get_keys()
-    queued = {q: int(cog.redis.llen(k.queue(q))) for q in three}
-    assert queued == dict.fromkeys(three, 10), "the members reach their groups at the block's exit"
+    queued = {q: [json.loads(r)["jid"] for r in reversed(cog.redis.lrange(k.queue(q), 0, -1))] for q in three}
+    assert queued == {q: enqueued[i::3] for i, q in enumerate(three)}, (
+        "the members reach their groups at the block's exit, each queue in the order they were enqueued"
+    )
     worker = cog.start_worker(QUEUES=three, CONCURRENCY=4)
     callbacks = wait_notes(cog, "callbacks", 3, worker)
     runs = ran(cog, "runs")

@@ -268,12 +268,18 @@ class JobRecord:
         need: written there first, then removed here (a crash between
         leaves a second copy, never none), and taken back if someone else
         moved the entry first."""
-        (source, destination, *_), (raw, data, _, _, queue, *_) = call
+        (source, destination, _, *extra_keys), (raw, data, _, _, queue, *extra_args) = call
         client.lpush(destination, data)
         client.sadd(get_keys().queues, queue)
         removed = client.zrem(source, raw) if self.kind == "zset" else client.lrem(source, 1, raw)
         if not removed:
             client.lrem(destination, 1, data)
+        elif extra_args:
+            # A batch's member: its move, as move.lua makes it, to its batch
+            # through its group's outbox (after the removal: a crash before
+            # leaves the copy, and the member dead, as a retry not made).
+            script("batch_move")(client, extra_keys, extra_args)
+            self.forward_ends()
         return bool(removed)
 
     @redis_boundary("retry a job")

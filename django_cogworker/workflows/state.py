@@ -67,12 +67,16 @@ class Section:
     last: bool = True
 
 
-def open_sections(client: Any, keys: Keys, config: Config, sections: Sequence[Section]) -> int:
+def open_sections(
+    client: Any, keys: Keys, config: Config, sections: Sequence[Section], first: int = 0
+) -> int:
     """Every section in one ``batch_open.lua`` call, so in one step: a batch
     and the children opened inside its block, all or none. Returns how many
     members were pushed. Under SHARDING every member goes to
-    ``{N}:forward`` (due at once: score 0), which the caller pushes on at
-    once (``forward.py``), and any worker's poller after a crash."""
+    ``{N}:forward``, which the caller pushes on at once (``forward.py``),
+    and any worker's poller after a crash: due at once, scored by its
+    place among the members pushed (from ``first``), so that they reach
+    their queues in the order they were enqueued."""
     script_keys = [
         keys.batches,
         keys.batch_schedule,
@@ -87,7 +91,7 @@ def open_sections(client: Any, keys: Keys, config: Config, sections: Sequence[Se
         for member, payload, at in section.members:
             index = 0
             if payload is not None and at is None and keys.sharded:
-                at = 0.0
+                at, first = float(first), first + 1
             if payload is not None and at is None:
                 index = queues.setdefault(str(payload["queue"]), len(queues) + 1)
             raw = encode(payload) if payload is not None else b""
@@ -125,5 +129,5 @@ def open_batch(
     chunks = [members[i : i + CHUNK] for i in range(0, len(members), CHUNK)] or [[]]
     for n, chunk in enumerate(chunks):
         section = Section(bids, fields, chunk, first and n == 0, last and n == len(chunks) - 1)
-        pushed += open_sections(client, keys, config, [section])
+        pushed += open_sections(client, keys, config, [section], n * CHUNK)
     return pushed
