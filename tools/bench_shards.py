@@ -4,8 +4,8 @@
 A Redis Cluster of three masters (no replicas, persistence off) on
 127.0.0.1; six queues whose group tags land on the first M masters (as
 evenly as six allows); one worker per queue (``manage.py cogworker
---skip-checks -q <queue>``: this release refuses ``SHARDING`` at its system
-check, and a worker serves one group), ``CONCURRENCY`` 10 as the harness's
+--skip-checks -q <queue>``: a worker process serves one group; the checks
+are skipped for a faster start), ``CONCURRENCY`` 10 as the harness's
 cogworker row. The workers start first and register; then every no-op job
 is enqueued (``delay_many``, in chunks) and the clock runs until each queue
 and each in-progress list is empty. The worker count, the jobs and the code
