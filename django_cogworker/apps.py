@@ -11,7 +11,12 @@ class CogworkerConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
-        from django_cogworker import checks, logs, registry, runs  # noqa: F401  (registers the checks)
+        from django_cogworker import (
+            logs,
+            registry,
+            runs,
+            system_checks,  # noqa: F401  (registers the checks)
+        )
 
         connection_created.connect(runs.opened_connection, dispatch_uid="django_cogworker.opened")
         logs.install_filter()

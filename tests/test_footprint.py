@@ -91,6 +91,7 @@ LOADED_BY_THE_CHECKS = [
     "django_cogworker.api",
     "django.contrib.admin.templatetags.admin_list",
     "django.db.migrations.autodetector",
+    "django_cogworker.checks",  # ours: registered by system_checks.py, imported when they run
 ]
 
 #: ``manage.py cogworker -c 1`` as where neither colorama (which Django's

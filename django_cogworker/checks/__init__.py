@@ -1,8 +1,9 @@
 """System checks for ``COGWORKER`` (ids ``cogworker.E001``...), run at startup.
 
 Each error names the key and says what would be right. Here: the setting as
-a whole (E001, E002), and the registration with Django (the app config
-imports this package); by topic, each a function of the merged values:
+a whole (E001, E002); registered with Django by ``system_checks.py``, which
+imports this package only when the checks run; by topic, each a function of
+the merged values:
 
 - :mod:`.numbers`: durations, counts and intervals (E003-E007);
 - :mod:`.connection`: Redis, the embedded server, the namespace, confirmed enqueue
@@ -26,14 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, register
+from django.core.checks import CheckMessage
 
 from django_cogworker.checks.base import error, unknown_names
 from django_cogworker.checks.connection import check_connection
 from django_cogworker.checks.numbers import check_intervals, check_numbers
 from django_cogworker.checks.paths import check_dotted_paths
 from django_cogworker.checks.periodic import check_periodic
-from django_cogworker.checks.queues import check_queues_and_modes, check_served_queues
+from django_cogworker.checks.queues import check_queues_and_modes
 from django_cogworker.checks.sharding import check_sharding
 from django_cogworker.conf import DEFAULTS, merged
 
@@ -48,10 +49,7 @@ CHECKS: list[Callable[[dict[str, Any]], list[CheckMessage]]] = [
     check_sharding,
 ]
 
-register(check_served_queues, "cogworker")
 
-
-@register("cogworker")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     raw = getattr(settings, "COGWORKER", {})
     if not isinstance(raw, dict):
