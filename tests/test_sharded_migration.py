@@ -214,3 +214,38 @@ def test_g16_migration_moves_a_limiters_waiters_to_their_groups_in_order_and_the
     )
     assert Counter(str(n["tag"]) for n in cog.notes()) == Counter(dict.fromkeys(expected, 1))
     assert int(cog.redis.get(f"{namespace}:test:gauge:erp:max") or 0) <= 2
+
+
+def test_g22_migration_a_batch_opened_before_settles_after_it_on_the_sharded_layout(
+    cog: CogEnv, namespace: str
+) -> None:
+    """A batch opened in the one-slot layout, its members still queued in
+    two queues: its keys are shared ones and keep their names, its members
+    move with their queues, and on the sharded layout their ends reach it
+    through their groups' outboxes: it settles, its callback runs once."""
+    from django_cogworker import batch
+    from testproject.testapp import workflow_jobs as wf
+
+    with batch(on_success=wf.callback.s("ok"), on_settled=wf.callback.s("fin")) as b:
+        for i in range(3):
+            wf.member.delay(f"default-{i}")
+            wf.member.set(queue="mail").delay(f"mail-{i}")
+    new = sharded(cog, namespace)
+    call_command("cogworker_migrate", stdout=StringIO())
+    assert cog.redis.llen(new.queue("default")) == 3 and cog.redis.llen(new.queue("mail")) == 3
+    assert cog.redis.scard(new.batch(b.bid, "pending")) == 6, "the batch kept its name and its members"
+    workers = [
+        cog.start_worker("--skip-checks", QUEUES=["default"]),
+        cog.start_worker("--skip-checks", QUEUES=["mail"]),
+    ]
+    wait_for(
+        lambda: len(cog.notes("callbacks")) >= 2,
+        STALL_S,
+        "the batch's callbacks",
+        progress=lambda: sum(cpu_seconds(w.pid) for w in workers),
+    )
+    assert sorted(str(n["tag"]) for n in cog.notes()) == sorted(
+        f"{q}-{i}" for q in ("default", "mail") for i in range(3)
+    )
+    assert sorted(str(n["tag"]) for n in cog.notes("callbacks")) == ["fin", "ok"]
+    assert cog.redis.hexists(new.batch(b.bid), "settled_at")
