@@ -110,11 +110,13 @@ class Keys:
         self.moved_to = f"{g}:queues"
         #: Under SHARDING: the ends of the group's batch members, for
         #: ``workflows/forward.py`` to apply to their batches in ``{N}``
-        #: (a list, oldest first; each entry numbered from ``outbox_seq``),
+        #: (a list, oldest first; each entry numbered from ``outbox_seq``;
+        #: one that cannot be applied set aside in ``outbox_unapplied``),
         #: and the digests of the jobs forwarded into the group, by time,
         #: so that a forward repeated after a crash pushes nothing twice.
         self.outbox = f"{g}:outbox"
         self.outbox_seq = f"{g}:outbox:seq"
+        self.outbox_unapplied = f"{g}:outbox:unapplied"
         self.forwarded = f"{g}:forwarded"
         #: Digests of the list entries moved into the group from the
         #: one-slot layout (``migrate_layout``): a rerun moves none twice.

@@ -13,6 +13,7 @@ The tests of the workflow modules run again on the sharded layout in
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -24,7 +25,10 @@ from typing import Any
 import pytest
 
 from django_cogworker import batch, chain, chord, group
+from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys
+from django_cogworker.scripts import script
+from django_cogworker.workflows import effects, forward
 from testproject.testapp import batch_jobs
 from testproject.testapp import workflow_jobs as wf
 from tests.conftest import CogEnv, delete_sharded, kill, wait_for
@@ -209,3 +213,49 @@ def test_g22_sharded_sigkill_chaos_over_three_masters_each_callback_once_nothing
     lasts = [r for r in ran(cog, "runs") if isinstance(r["tag"], list) and r["tag"][1] == 2]
     assert {r["tag"][0] for r in lasts} == set(chains)
     assert all(r["so_far"] == [0, 1] for r in lasts), lasts
+
+
+def test_g12_sharded_a_queue_key_of_the_wrong_type_holds_up_no_other_forwarded_job(
+    cog: CogEnv, three: list[str]
+) -> None:
+    """A member whose queue's key was overwritten by hand (a string) waits
+    in ``{N}:forward``; the members of the other groups are pushed."""
+    k = get_keys()
+    broken, *fine = three
+    cog.redis.set(k.queue(broken), "not a list")
+    with batch():
+        for i in range(6):
+            wf.member.set(queue=three[i % 3]).delay(i)
+    assert [cog.redis.llen(k.queue(q)) for q in fine] == [2, 2]
+    assert cog.redis.zcard(k.forward) == 2, "the broken queue's two members wait"
+    cog.redis.delete(k.queue(broken))
+    forward.push_forwarded(cog.redis, k)
+    assert cog.redis.llen(k.queue(broken)) == 2 and cog.redis.zcard(k.forward) == 0
+
+
+def test_g12_sharded_an_end_whose_batch_key_is_of_the_wrong_type_is_set_aside_not_jamming_the_outbox(
+    cog: CogEnv, three: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two batches' members end in one group; the first batch's pending set
+    was overwritten by hand: its end is set aside in the outbox's
+    ``unapplied`` list, with an error logged, and the second batch settles."""
+    q = three[0]
+    k, group = get_keys(), get_keys().for_queue(q)
+    bids = []
+    for _ in range(2):
+        with batch() as b:
+            wf.member.set(queue=q).delay("one")
+        bids.append(b.bid)
+    cog.redis.delete(k.batch(bids[0], "pending"))
+    cog.redis.set(k.batch(bids[0], "pending"), "not a set")
+    config = get_config()
+    for raw in reversed(cog.redis.lrange(group.queue(q), 0, -1)):
+        payload = json.loads(raw)
+        script("batch_move")(
+            cog.redis, *effects.end_args(group, config, payload, effects.SUCCEEDED, None, None)
+        )
+    with caplog.at_level(logging.ERROR, logger="django_cogworker"):
+        assert forward.apply_outbox(cog.redis, group, config) == 2
+    assert cog.redis.llen(group.outbox) == 0 and cog.redis.llen(group.outbox_unapplied) == 1
+    assert "an end set aside, not applied" in caplog.text
+    assert cog.redis.hexists(k.batch(bids[1]), "settled_at"), "the second batch settled"

@@ -26,6 +26,7 @@ from django_cogworker.connection import get_keys, get_redis, is_cluster
 from django_cogworker.errors import redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.scripts import script
+from django_cogworker.workflows import effects
 
 #: Entries moved per pipeline round trip by ``bulk()``.
 BULK_BATCH_SIZE = 500
@@ -68,7 +69,7 @@ def bulk(records: Iterable[JobRecord], action: str) -> int:
         if keys.sharded and action == "retry":
             # The shared registry of queues, in the {N} slot (JobRecord.retry does the same).
             client.sadd(keys.queues, *{r.destination_queue for r in chunk})
-        for record in {r.home: r for r in chunk if r.bid}.values():
+        for record in {r.home: r for r in chunk if effects.levels(r.payload)}.values():
             record.forward_ends()  # once per group: members' moves to their batches
     return done
 

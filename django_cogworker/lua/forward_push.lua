@@ -15,11 +15,13 @@ redis.call("ZREMRANGEBYSCORE", KEYS[4], "-inf", now - tonumber(ARGV[5]))
 if redis.call("ZSCORE", KEYS[4], ARGV[2]) then
   return 0
 end
-redis.call("ZADD", KEYS[4], now, ARGV[2])
+-- The push first: one that fails (a queue key of the wrong type) leaves
+-- nothing written, and the job is forwarded again later.
 if tonumber(ARGV[4]) > now then
   redis.call("ZADD", KEYS[3], ARGV[4], ARGV[1])
 else
   redis.call("LPUSH", KEYS[1], ARGV[1])
   redis.call("SADD", KEYS[2], ARGV[3])
 end
+redis.call("ZADD", KEYS[4], now, ARGV[2])
 return 1

@@ -26,8 +26,10 @@ import logging
 import threading
 from typing import Any
 
+import redis
+
 from django_cogworker.conf import DEFAULT_QUEUE, Config
-from django_cogworker.errors import BadPayload
+from django_cogworker.errors import BadPayload, is_unavailable
 from django_cogworker.keys import Keys
 from django_cogworker.payload import encode, parse
 from django_cogworker.scripts import Arg, script
@@ -49,17 +51,31 @@ MARKER = "@batch"
 
 def apply_outbox(client: Any, keys: Keys, config: Config, stop: threading.Event | None = None) -> int:
     """Applies the ends queued in the outbox of ``keys``'s group to their
-    batches, oldest first; returns how many were taken off."""
+    batches, oldest first; returns how many were taken off. One that
+    cannot be applied (not an end, or a batch's key of the wrong type,
+    written by hand) is set aside in ``{N:g}:outbox:unapplied``, with an
+    error logged, so that it holds up no other."""
     shared, taken = keys.shared, 0
     while stop is None or not stop.is_set():
         entries = client.lrange(keys.outbox, 0, BATCH - 1)
         for entry in entries:
             call = apply_call(shared, config, entry)
-            if call is None:
-                logger.error("outbox %s: an entry that is not an end, dropped: %r", keys.outbox, entry[:200])
-            else:
+            try:
+                if call is None:
+                    raise ValueError("not an end as effects.outbox_args writes one")
                 script("batch_apply")(client, *call)
-            client.lrem(keys.outbox, 1, entry)
+            except (ValueError, redis.ResponseError) as exc:
+                if is_unavailable(exc):
+                    raise
+                logger.error(
+                    "outbox %s: an end set aside, not applied (%s): %r", keys.outbox, exc, entry[:200]
+                )
+                pipe = client.pipeline(transaction=True)  # both in the group's slot
+                pipe.rpush(keys.outbox_unapplied, entry)
+                pipe.lrem(keys.outbox, 1, entry)
+                pipe.execute()
+            else:
+                client.lrem(keys.outbox, 1, entry)
             taken += 1
         if len(entries) < BATCH:
             break
@@ -109,19 +125,27 @@ def push_forwarded(client: Any, keys: Keys, stop: threading.Event | None = None)
     """Pushes what waits in ``{N}:forward`` into each job's group: on its
     queue, or in its schedule when due later; returns how many entries
     were taken off."""
-    shared, taken = keys.shared, 0
+    shared, taken, kept = keys.shared, 0, 0
     while stop is None or not stop.is_set():
-        entries = client.zrange(shared.forward, 0, BATCH - 1, withscores=True)
+        entries = client.zrange(shared.forward, kept, kept + BATCH - 1, withscores=True)
         queues = set()
         for raw, due in entries:
             queue = _queue_of(raw)
             group = shared.for_queue(queue)
             digest = hashlib.sha1(raw).hexdigest()
-            script("forward_push")(
-                client,
-                [group.queue(queue), group.moved_to, group.schedule, group.forwarded],
-                [raw, digest, queue, repr(due), FORWARDED_KEEP_S],
-            )
+            try:
+                script("forward_push")(
+                    client,
+                    [group.queue(queue), group.moved_to, group.schedule, group.forwarded],
+                    [raw, digest, queue, repr(due), FORWARDED_KEEP_S],
+                )
+            except redis.ResponseError as exc:
+                if is_unavailable(exc) or "WRONGTYPE" not in str(exc):
+                    raise
+                # A queue key of the wrong type (G12): the job waits here,
+                # and holds up no other; the admin's queue page names the key.
+                kept += 1
+                continue
             client.zrem(shared.forward, raw)
             queues.add(queue)
             taken += 1
