@@ -272,7 +272,13 @@ def test_g22_a_poison_pill_member_counts_as_dead_and_death_fires_once(cog: CogEn
     wait_for(supervise, 60, "the batch to settle with its poison pill parked")
     [entry] = [json.loads(raw) for raw in cog.redis.zrange(keys().dead, 0, -1)]
     assert (entry["jid"], entry["error_class"]) == (pill, "ProcessDied")
-    wait_for(lambda: not leftovers(cog).keys() - {"dead"}, STALL_S, "every callback run")
+    # Each callback has run and is at rest (read in one atomic step: a
+    # callback moved from the schedule to its queue between two reads of
+    # separate keys would be seen nowhere).
+    ends = [f"{b.bid}-{event}" for event in ("death", "complete", "settled")]
+    ran_and_rested = lambda: all(callback_runs(cog)[jid] for jid in ends) and at_rest(cog, ends)  # noqa: E731
+    wait_for(ran_and_rested, STALL_S, "every callback run")
+    assert not leftovers(cog).keys() - {"dead"}
     # A callback killed with its process by the pill may run again: fired once all the same.
     runs = callback_runs(cog)
     for event in ("death", "complete", "settled"):
