@@ -201,7 +201,7 @@ class Recovery:
                 buried += 1
                 logger.error("jid=%s orphaned too often; moved to dead", entry.get("jid"))
                 self.buried_as_dead(entry)
-        if buried and self.keys.sharded:
+        if buried:
             forward.soon(self.client, self.keys, self.config)  # dead in their batches, now
         return buried
 
@@ -218,8 +218,7 @@ class Recovery:
                 extra = effects.moved(self.keys, self.config, entry, effects.DEAD)
                 if extra[0]:
                     script("batch_move")(self.client, *extra)  # dead in its batch too
-                    if self.keys.sharded:
-                        forward.soon(self.client, self.keys, self.config)
+                    forward.soon(self.client, self.keys, self.config)
                 self.buried_as_dead(entry)
             except Exception as exc:
                 logger.error("completing the dead entry of a repeat orphan failed: %s", exc)

@@ -342,6 +342,6 @@ def file_unsettled(ctx: FetchContext) -> int:
         ):
             break
         filed += 1
-    if filed and k.sharded:
+    if filed:
         forward.soon(client, k, ctx.config)  # members' moves, from the outbox to their batches
     return filed

@@ -260,7 +260,7 @@ class JobRecord:
     def forward_ends(self) -> None:
         """Under SHARDING, a batch member's move reaches its batch now
         (``workflows/forward.py``) rather than at a worker's next poll."""
-        if self.home.sharded and effects.levels(self.payload):
+        if effects.levels(self.payload):
             forward.soon(get_redis(), self.home, get_config())
 
     def _move_across(self, client: Any, call: MoveCall) -> bool:

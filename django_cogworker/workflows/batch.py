@@ -122,8 +122,7 @@ class Batch:
             except BaseException:
                 self.cancel()
                 raise
-        if keys.sharded:
-            forward.soon(client, keys, config)  # the members, from {N}:forward to their groups
+        forward.soon(client, keys, config)  # the members, from {N}:forward to their groups
 
 
 def _enclosing() -> tuple[Batch | None, list[str]]:
@@ -233,9 +232,7 @@ class CurrentBatch:
         except BaseException:
             chain.cancel(ready)
             raise
-        keys = get_keys()
-        if keys.sharded:
-            forward.soon(get_redis(), keys, get_config())
+        forward.soon(get_redis(), get_keys(), get_config())
         return jid
 
 

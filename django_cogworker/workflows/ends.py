@@ -55,8 +55,7 @@ def settle_flow(
             script("batch_move")(client, *extra)
         else:
             script("ack")(client, [inprogress, keys.orphanings(work.jid), *extra[0]], [work.raw, *extra[1]])
-        if keys.sharded:
-            forward.soon(client, keys, config)  # its end, from the outbox to its batch
+        forward.soon(client, keys, config)  # its end, from the outbox to its batch
         return
     move = effects.DEAD if how.zset == keys.dead else effects.FAILED
     extra = effects.end_args(keys, config, payload, move, None, None)
@@ -73,5 +72,4 @@ def settle_flow(
         how.trim,
         extra=extra,
     )
-    if keys.sharded:
-        forward.soon(client, keys, config)
+    forward.soon(client, keys, config)

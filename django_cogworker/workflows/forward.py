@@ -33,6 +33,7 @@ from django_cogworker.errors import BadPayload, is_unavailable
 from django_cogworker.keys import Keys
 from django_cogworker.payload import encode, parse
 from django_cogworker.scripts import Arg, script
+from django_cogworker.workflows.effects import MARKER
 from django_cogworker.workflows.state import level_keys, ttls
 
 logger = logging.getLogger("django_cogworker")
@@ -44,9 +45,6 @@ BATCH = 100
 #: forward repeated later than that (a process stopped for a day between
 #: its push and the entry's removal) would push the job a second time.
 FORWARDED_KEEP_S = 24 * 3600
-
-#: The marker ``batch_member_end`` reads (``effects.MARKER``).
-MARKER = "@batch"
 
 
 def apply_outbox(client: Any, keys: Keys, config: Config, stop: threading.Event | None = None) -> int:
@@ -180,10 +178,15 @@ _wanted: dict[str, tuple[Any, Keys, Config]] = {}
 
 
 def soon(client: Any, keys: Keys, config: Config) -> None:
-    """:func:`run_pass` now, in this thread, unless another thread of the
-    process is at it: that one then goes round once more. A failure is
+    """Under SHARDING, :func:`run_pass` now, in this thread, unless another
+    thread of the process is at it: that one then goes round once more.
+    Called after every script that may write an outbox or ``{N}:forward``,
+    so that a move reaches its batch at once rather than at the group's
+    next poll; without SHARDING there is nothing to forward. A failure is
     left to the poller's next pass (nothing is lost: both lists keep their
     entries until they are applied)."""
+    if not keys.sharded:
+        return
     _wanted[getattr(keys, "group_name", "")] = (client, keys, config)
     while _wanted and _lock.acquire(blocking=False):
         try:
