@@ -37,18 +37,12 @@ from typing import Any
 from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
 from django.db import connections
 
-from django_cogworker import middleware, registry, runs, timeouts
+from django_cogworker import middleware, runs, timeouts
 from django_cogworker.conf import Config
 from django_cogworker.context import JobContext, TimedJobContext, reset_current, set_current
 from django_cogworker.errors import JobTimeout
 from django_cogworker.outcomes import SUCCESS, Outcome
 from django_cogworker.payload import Payload
-
-
-def is_coroutine_job(payload: Payload) -> bool:
-    """Whether the payload names a registered ``async def`` job."""
-    job = registry.get(payload["job"])
-    return job is not None and job.coroutine
 
 
 async def aexecute(raw: bytes, config: Config, *, queue: str = "", payload: Payload | None = None) -> Outcome:

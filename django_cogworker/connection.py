@@ -27,13 +27,11 @@ import redis.cluster
 import redis.sentinel
 from django.core.signals import setting_changed
 
-from django_cogworker import direct, errors, redis_url, sentinel
+from django_cogworker import direct, errors, redis_url
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config, get_config
 from django_cogworker.errors import ConfigurationError, RedisUnavailable, is_unavailable
 from django_cogworker.keys import Keys
-from django_cogworker.layouts import keys
-from django_cogworker.sentinel import follow_master as follow_master  # its callers' old name
 
 logger = logging.getLogger("django_cogworker")
 
@@ -59,7 +57,19 @@ def get_redis() -> Client:
 
 def get_keys() -> Keys:
     config = get_config()
-    return keys(config.namespace, config.queue_groups if config.sharding else None)
+    if not config.sharding:
+        return Keys(config.namespace)
+    from django_cogworker.layouts import keys  # loaded under SHARDING only
+
+    return keys(config.namespace, config.queue_groups)
+
+
+def follow_master(client: Any) -> None:
+    """:func:`.sentinel.follow_master` for a Sentinel client; nothing else."""
+    if isinstance(getattr(client, "connection_pool", None), redis.sentinel.SentinelConnectionPool):
+        from django_cogworker import sentinel  # loaded for Sentinel only
+
+        sentinel.follow_master(client)
 
 
 def reset() -> None:
@@ -73,18 +83,14 @@ def reset() -> None:
 
 
 def close(client: Client) -> None:
-    """Closes ``client`` and every connection it holds. A Sentinel client's
-    pool was handed to it (``master_for``), so ``close()`` alone leaves the
-    pool and the connections to the sentinels open."""
+    """Closes ``client`` and its connections (Sentinel's: :func:`.sentinel.close`)."""
     with contextlib.suppress(Exception):
         client.close()
     pool = getattr(client, "connection_pool", None)
     if isinstance(pool, redis.sentinel.SentinelConnectionPool):
-        with contextlib.suppress(Exception):
-            pool.disconnect()
-        for sentinel in pool.sentinel_manager.sentinels:
-            with contextlib.suppress(Exception):
-                sentinel.close()
+        from django_cogworker import sentinel  # loaded for Sentinel only
+
+        sentinel.close(pool)
 
 
 async def aclose(client: Client) -> None:
@@ -93,11 +99,9 @@ async def aclose(client: Client) -> None:
         await client.aclose()
     pool = getattr(client, "connection_pool", None)
     if isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
-        with contextlib.suppress(Exception):
-            await pool.disconnect()
-        for sentinel in pool.sentinel_manager.sentinels:
-            with contextlib.suppress(Exception):
-                await sentinel.aclose()
+        from django_cogworker import sentinel
+
+        await sentinel.aclose(pool)
 
 
 #: redis-py pings a connection idle this long before using it, so that one
@@ -138,6 +142,8 @@ def build(config: Config, *, async_client: bool = False) -> Client:
     except ValueError as exc:
         raise ConfigurationError(f"COGWORKER['REDIS_URL']: {exc}") from None
     if target.kind == redis_url.SENTINEL:
+        from django_cogworker import sentinel
+
         return sentinel.master(target, options, config.sentinel_options, _credentials(target), async_client)
     if target.kind == redis_url.CLUSTER:
         return _cluster(target, options, async_client)
@@ -271,13 +277,11 @@ def fit_pool(client: Client, config: Config, connections: int) -> None:
 
 def forget_demoted_master(exc: BaseException) -> None:
     """After a READONLY reply (the server behind a plain URL became a
-    replica: a failover behind a DNS name or a managed endpoint), drops
-    the process client's pooled connections and ``.delay()``'s own
-    (:mod:`django_cogworker.direct`), so the next ones resolve the address
-    again and reach the new master instead of asking the replica forever.
+    replica: a failover behind a DNS name or a managed endpoint), drops the
+    process client's pooled connections and ``.delay()``'s own (``direct``),
+    so the next ones resolve the address again and reach the new master.
     Sentinel and Cluster clients find the master themselves. Called at every
-    :func:`~django_cogworker.errors.redis_boundary` (registered below) and
-    by the worker's :mod:`~django_cogworker.outage`."""
+    ``errors.redis_boundary`` (registered below) and by the worker's outage."""
     client = _client
     if isinstance(exc, redis.ReadOnlyError) and client is not None and not is_cluster(client):
         with contextlib.suppress(Exception):

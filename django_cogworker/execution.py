@@ -25,7 +25,6 @@ import threading
 import time
 
 from django_cogworker import middleware, timeouts
-from django_cogworker.arun import run_here
 from django_cogworker.conf import Config
 from django_cogworker.context import TimedJobContext, reset_current, set_current
 from django_cogworker.outcomes import (
@@ -78,6 +77,8 @@ def execute(
     if job.coroutine:
         # An ``async def`` job outside a worker's event loop (the testing
         # helpers, a direct call): on a loop of its own.
+        from django_cogworker.arun import run_here  # asyncio's side: only for such a job
+
         return run_here(raw, config, queue, payload)
     jid = ctx.jid
     token = set_current(ctx)

@@ -13,7 +13,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, MutableSet, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
@@ -24,7 +24,9 @@ from django_cogworker.errors import EnqueueRefused, redis_boundary
 from django_cogworker.escaping import storable
 from django_cogworker.limits.limiter import Limiter
 from django_cogworker.payload import Payload, check_arguments, check_shape, new_jid, new_jids
-from django_cogworker.workflows.signature import Signature
+
+if TYPE_CHECKING:
+    from django_cogworker.workflows.signature import Signature
 
 RetryIn = Callable[[int, BaseException], float | int | None]
 OnExhausted = Callable[[Payload, BaseException], Any]
@@ -110,6 +112,8 @@ class Job:
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature of this call, for a workflow (SPEC section 13),
         checked now as ``.delay()`` checks its arguments."""
+        from django_cogworker.workflows.signature import Signature  # workflows load when first used
+
         return Signature.of(self, args, kwargs)
 
     def si(self, *args: Any, **kwargs: Any) -> Signature:

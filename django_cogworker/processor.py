@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django_cogworker import execution, expiry, registry
-from django_cogworker.arun import is_coroutine_job
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config
 from django_cogworker.connection import follow_master
@@ -156,7 +155,12 @@ class Processor:
             return
         # An isolated one runs here, on a loop of its own (execute()), so
         # that it stays alone in this process while it runs (G3).
-        if crew.loop is not None and payload is not None and is_coroutine_job(payload) and not work.isolated:
+        if (
+            crew.loop is not None
+            and payload is not None
+            and registry.is_coroutine(payload["job"])
+            and not work.isolated
+        ):
             crew.loop.run(self.index, work, payload)  # waits only while the loop is full
             return
         try:

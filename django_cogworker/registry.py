@@ -96,6 +96,12 @@ def get(name: str) -> Job | None:
     return _jobs.get(name)
 
 
+def is_coroutine(name: str) -> bool:
+    """Whether ``name`` is a registered ``async def`` job."""
+    job = _jobs.get(name)
+    return job is not None and job.coroutine
+
+
 def names() -> list[str]:
     return sorted(_jobs)
 

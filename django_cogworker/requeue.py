@@ -20,7 +20,7 @@ from typing import Any
 from django_cogworker.conf import DEFAULT_QUEUE, Config
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
-from django_cogworker.limits import sharded, state
+from django_cogworker.limits import state
 from django_cogworker.payload import Payload, parse
 from django_cogworker.scripts import Arg, script
 
@@ -190,6 +190,8 @@ def requeue_list(
         return 0, []
     reply = script("requeue")(client, script_keys, args)
     if freeing and int(reply[0]) >= 0:
+        from django_cogworker.limits import sharded  # ``freeing`` is under SHARDING only
+
         try:
             sharded.free_owner(client, keys, identity)
         except Exception as exc:

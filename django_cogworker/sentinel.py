@@ -12,6 +12,7 @@ client here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -113,6 +114,26 @@ def follow_master(client: Any) -> None:
             *found,
             *known[0],
         )
+
+
+def close(pool: Any) -> None:
+    """Closes a Sentinel client's pool and its connections to the sentinels:
+    the pool was handed to the client (``master_for``), so the client's
+    ``close()`` alone leaves them open."""
+    with contextlib.suppress(Exception):
+        pool.disconnect()
+    for sentinel in pool.sentinel_manager.sentinels:
+        with contextlib.suppress(Exception):
+            sentinel.close()
+
+
+async def aclose(pool: Any) -> None:
+    """:func:`close` for a ``redis.asyncio`` Sentinel pool."""
+    with contextlib.suppress(Exception):
+        await pool.disconnect()
+    for sentinel in pool.sentinel_manager.sentinels:
+        with contextlib.suppress(Exception):
+            await sentinel.aclose()
 
 
 def _no_master(sentinels: list[Any], service: str) -> str:

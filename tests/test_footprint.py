@@ -43,11 +43,13 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
-def loaded(then: str = "") -> set[str]:
+def loaded(then: str = "", settings: str = "testproject.settings", path: Path = ROOT) -> set[str]:
+    """What a worker's start loads, and then ``then``, in a fresh interpreter
+    on ``settings`` (importable from ``path`` or this checkout)."""
     out = subprocess.run(
         [sys.executable, "-c", WORKER_START.format(then=then)],
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings", "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": settings, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"},
+        cwd=path,
         capture_output=True,
         text=True,
         timeout=60,
@@ -59,7 +61,7 @@ def loaded(then: str = "") -> set[str]:
 def test_a_worker_with_no_periodic_entry_loads_neither_croniter_nor_the_admin_pages() -> None:
     modules = loaded()
     assert "django_cogworker.admin" in modules  # the admin's autodiscovery ran
-    assert "django_cogworker.periodic.ticker" in modules  # the worker's own modules are there
+    assert "django_cogworker.processor" in modules  # the worker's own modules are there
     assert [name for name in UNUSED if name in modules] == []
 
 
@@ -69,6 +71,94 @@ def test_croniter_and_the_admin_pages_load_where_they_are_used() -> None:
         "from django.contrib import admin; admin.site.get_urls()"
     )
     assert [name for name in UNUSED if name not in modules] == []
+
+
+# -- features loaded when used ------------------------------------------------------
+
+#: Modules of features that a worker loads only when it uses them: the
+#: building side of workflows (``batch()``, ``chain``, ``job.s()``), the
+#: entries of periodic jobs (and the cron parser), the sharded layout, the
+#: Sentinel client, and the runner of an ``async def`` job outside the loop.
+FEATURES = [
+    "django_cogworker.workflows.batch",
+    "django_cogworker.workflows.canvas",
+    "django_cogworker.workflows.signature",
+    "django_cogworker.periodic.entry",
+    "django_cogworker.periodic.enqueue",
+    "django_cogworker.cron",
+    "django_cogworker.shards",
+    "django_cogworker.layouts",
+    "django_cogworker.limits.sharded",
+    "django_cogworker.sentinel",
+    "django_cogworker.arun",
+]
+
+#: A project of one app with one plain job, and no Tasks backend.
+PLAIN_SETTINGS = """
+from testproject.settings import *  # noqa: F403
+
+INSTALLED_APPS = [app for app in INSTALLED_APPS if not app.startswith("testproject.")] + ["plainapp"]
+TASKS = {}
+"""
+PLAIN_JOBS = "from django_cogworker import job\n\n@job\ndef noop():\n    pass\n"
+AUTODISCOVER = "from django_cogworker import registry; registry.autodiscover()\n"
+
+
+def loaded_by_a_plain_project(tmp_path: Path, then: str = "") -> set[str]:
+    (tmp_path / "plain_settings.py").write_text(PLAIN_SETTINGS)
+    (tmp_path / "plainapp").mkdir(exist_ok=True)
+    (tmp_path / "plainapp" / "__init__.py").write_text("")
+    (tmp_path / "plainapp" / "jobs.py").write_text(PLAIN_JOBS)
+    return loaded(f"{AUTODISCOVER}{then}", "plain_settings", tmp_path)
+
+
+def test_a_worker_of_plain_jobs_loads_no_feature_it_does_not_use(tmp_path: Path) -> None:
+    modules = loaded_by_a_plain_project(tmp_path)
+    assert "plainapp.jobs" in modules  # autodiscovery ran
+    assert "django_cogworker.processor" in modules  # the worker's own modules are there
+    assert [name for name in FEATURES if name in modules] == []
+
+
+#: What using a feature in the plain project loads, with a check that it works.
+USES = {
+    "django_cogworker.workflows.canvas": (
+        "import django_cogworker as cw, django_cogworker.workflows.canvas as canvas\n"
+        "assert cw.chain is canvas.chain and cw.group is canvas.group and cw.chord is canvas.chord\n"
+    ),
+    "django_cogworker.workflows.batch": (
+        "from django_cogworker import batch, current_batch\nassert current_batch() is None\n"
+    ),
+    "django_cogworker.workflows.signature": (
+        "from django_cogworker import Signature\n"
+        "from plainapp.jobs import noop\n"
+        "assert type(noop.s()) is Signature\n"
+    ),
+    "django_cogworker.cron": (
+        "from django_cogworker import periodic\n"
+        "assert periodic.parse_setting({'cron': '0 3 * * *', 'job': 'plainapp.jobs.noop'}).job\n"
+    ),
+    "django_cogworker.periodic.enqueue": "from django_cogworker.periodic import PUSHED, enqueue_slot\n",
+    "django_cogworker.layouts": (
+        "from django.test import override_settings\n"
+        "from django.conf import settings\n"
+        "from django_cogworker import connection\n"
+        "with override_settings(COGWORKER={**settings.COGWORKER, 'SHARDING': 'queues'}):\n"
+        "    assert connection.get_keys().sharded\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("module", sorted(USES))
+def test_a_feature_loads_its_modules_when_it_is_used(tmp_path: Path, module: str) -> None:
+    assert module not in loaded_by_a_plain_project(tmp_path)
+    assert module in loaded_by_a_plain_project(tmp_path, USES[module])
+
+
+def test_a_name_the_package_does_not_export_is_still_an_attribute_error() -> None:
+    import django_cogworker
+
+    with pytest.raises(AttributeError, match="has no attribute 'chian'"):
+        django_cogworker.chian  # noqa: B018
 
 
 # -- a real worker ----------------------------------------------------------------

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from django_cogworker.keys import Keys
-from django_cogworker.limits import sharded
 from django_cogworker.limits.layout import (
     PROMOTED_TTL_S,
     SEPARATOR,
@@ -57,6 +56,8 @@ def admit(
     listed: bool = True,
 ) -> Admission:
     if keys.sharded:
+        from django_cogworker.limits import sharded  # loaded under SHARDING only
+
         return sharded.admit(
             client, keys, inprogress, identity, raw, jid, queue, limiters, park=park, listed=listed
         )
@@ -90,6 +91,8 @@ def park(
     rate's window has room (0.0 otherwise), None when it went back to its
     queue or was no longer ours."""
     if keys.sharded:
+        from django_cogworker.limits import sharded  # loaded under SHARDING only
+
         return sharded.park(client, keys, inprogress, raw, jid, queue, limiter, listed)
     script_keys = [
         inprogress,
@@ -130,6 +133,8 @@ def release(client: Any, keys: Keys, identity: str, jid: str, queue: str, holds:
     """Frees slots taken in job code; returns how many limiters have room
     and waiters on other queues (wake those)."""
     if keys.sharded:
+        from django_cogworker.limits import sharded  # loaded under SHARDING only
+
         return sharded.release(client, keys, identity, jid, holds)
     return int(script("release")(client, *release_args(keys, identity, jid, queue, holds)))
 
@@ -147,6 +152,8 @@ def wake(client: Any, keys: Keys, name: str, limiter: Limiter | None = None) -> 
     """Moves waiters of ``name`` back onto their queues while it has room.
     Returns (how many moved, seconds until a full rate window has room)."""
     if keys.sharded:
+        from django_cogworker.limits import sharded  # loaded under SHARDING only
+
         return sharded.wake(client, keys, name, limiter)
     limiter, names = waiting_queues(client, keys, name, limiter)
     if limiter is None or not names:
@@ -185,6 +192,8 @@ def sweep(client: Any, keys: Keys) -> float | None:
     ``keys`` are the poller's group's, which it repairs first
     (:func:`.sharded.repair`)."""
     if keys.sharded:
+        from django_cogworker.limits import sharded  # loaded under SHARDING only
+
         sharded.repair(client, keys)
     registry = {text(name): spec for name, spec in client.hgetall(keys.limits).items()}
     if not registry:

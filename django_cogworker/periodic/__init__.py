@@ -23,37 +23,40 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_cogworker.conf import Config, get_config
 from django_cogworker.job import Job
-from django_cogworker.periodic.enqueue import (
-    ALREADY,
-    PUSHED,
-    REFUSED,
-    SKIPPED,
-    SLOT_MARKER_TTL_S,
-    enqueue_slot,
-    slot_payload,
-)
-from django_cogworker.periodic.entry import (
-    SETTING_KEYS,
-    Entry,
-    Problem,
-    entry_queue,
-    parse_setting,
-    setting_problems,
-)
-from django_cogworker.periodic.lock import (
-    ACTIVE_TTL_MIN_S,
-    HELD,
-    PERIODIC_QUEUED_TTL_S,
-    HeldLocks,
-    PeriodicLockMiddleware,
-    active_ttl_s,
-    hold,
-)
-from django_cogworker.periodic.ticker import LATE_GRACE_S, TICK_MAX_S, TICK_MIN_S, Ticker
+from django_cogworker.lazy import exports
+
+if TYPE_CHECKING:
+    from django_cogworker.periodic.enqueue import (
+        ALREADY,
+        PUSHED,
+        REFUSED,
+        SKIPPED,
+        SLOT_MARKER_TTL_S,
+        enqueue_slot,
+        slot_payload,
+    )
+    from django_cogworker.periodic.entry import (
+        SETTING_KEYS,
+        Entry,
+        Problem,
+        entry_queue,
+        parse_setting,
+        setting_problems,
+    )
+    from django_cogworker.periodic.lock import (
+        ACTIVE_TTL_MIN_S,
+        HELD,
+        PERIODIC_QUEUED_TTL_S,
+        HeldLocks,
+        PeriodicLockMiddleware,
+        active_ttl_s,
+        hold,
+    )
+    from django_cogworker.periodic.ticker import LATE_GRACE_S, TICK_MAX_S, TICK_MIN_S, Ticker
 
 __all__ = [
     "ACTIVE_TTL_MIN_S",
@@ -83,6 +86,35 @@ __all__ = [
     "setting_problems",
     "slot_payload",
 ]
+
+# Each name is imported from its module when first used: a worker with no
+# entries loads the ticker and the running lock, not the cron parser.
+__getattr__ = exports(
+    __name__,
+    {
+        **dict.fromkeys(
+            ("ALREADY", "PUSHED", "REFUSED", "SKIPPED", "SLOT_MARKER_TTL_S", "enqueue_slot", "slot_payload"),
+            ".enqueue",
+        ),
+        **dict.fromkeys(
+            ("SETTING_KEYS", "Entry", "Problem", "entry_queue", "parse_setting", "setting_problems"),
+            ".entry",
+        ),
+        **dict.fromkeys(
+            (
+                "ACTIVE_TTL_MIN_S",
+                "HELD",
+                "PERIODIC_QUEUED_TTL_S",
+                "HeldLocks",
+                "PeriodicLockMiddleware",
+                "active_ttl_s",
+                "hold",
+            ),
+            ".lock",
+        ),
+        **dict.fromkeys(("LATE_GRACE_S", "TICK_MAX_S", "TICK_MIN_S", "Ticker"), ".ticker"),
+    },
+)
 
 logger = logging.getLogger("django_cogworker")
 
@@ -118,6 +150,8 @@ def periodic(
             "tz": tz,
             "until_executed": until_executed,
         }
+        from django_cogworker.periodic.entry import parse_setting
+
         try:
             entry = parse_setting(value)
         except ValueError as exc:
@@ -136,6 +170,8 @@ def entries(config: Config | None = None, *, log: bool = False) -> list[Entry]:
     found: list[Entry] = []
     seen: set[str] = set()
     for index, value in enumerate(config.periodic):
+        from django_cogworker.periodic.entry import parse_setting  # the cron parser: for entries only
+
         try:
             entry = parse_setting(value)
         except ValueError as exc:

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -30,9 +31,10 @@ from django_cogworker.conf import Config
 from django_cogworker.errors import EnqueueNotReplicated
 from django_cogworker.keys import Keys
 from django_cogworker.outage import Outage
-from django_cogworker.periodic.enqueue import PUSHED, enqueue_slot
-from django_cogworker.periodic.entry import Entry
 from django_cogworker.periodic.lock import HELD, HeldLocks, active_ttl_s
+
+if TYPE_CHECKING:
+    from django_cogworker.periodic.entry import Entry
 
 logger = logging.getLogger("django_cogworker")
 
@@ -111,6 +113,9 @@ class Ticker:
         return done
 
     def tick_entry(self, entry: Entry, now: float) -> str:
+        # Here, not at the top: a ticker with no entries never loads it.
+        from django_cogworker.periodic.enqueue import PUSHED, enqueue_slot
+
         outcome = ""
         slot = entry.schedule.due_slot(now, LATE_GRACE_S)
         if slot is not None and self.done_slot.get(entry.pjid) != slot:

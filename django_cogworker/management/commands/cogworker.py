@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_cogworker import affinity, connection, logs, shards
+from django_cogworker import affinity, connection, logs
 from django_cogworker.conf import QueueSpec, get_config, parse_queue, queue_list_problems
 from django_cogworker.errors import RedisAccessRefused
 from django_cogworker.fetch import STRATEGIES
@@ -63,7 +63,11 @@ class Command(BaseCommand):
         config = get_config()
         queues = self.queues(options)
         concurrency = options["concurrency"] or config.concurrency
-        shares = shards.split(connection.get_keys(), queues or config.queues, concurrency)
+        keys, shares = connection.get_keys(), []
+        if keys.sharded:
+            from django_cogworker import shards  # a process per queue group: only under SHARDING
+
+            shares = shards.split(keys, queues or config.queues, concurrency)
         if processes > 1 or options["reload"] or len(shares) > 1:
             from django_cogworker.supervisor import Supervisor
 
