@@ -36,7 +36,7 @@ from django_cogworker.ledger import Ledger, Slots
 from django_cogworker.process import Registration
 from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
-from django_cogworker.waiting import Backoff, Waiters
+from django_cogworker.waiting import Backoff, Idle, Waiters
 from django_cogworker.work import UnitOfWork
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ PAUSED_REFRESH_S = 1.0
 BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
 logger = logging.getLogger("django_cogworker")
+
 
 __all__ = ["STRATEGIES", "BasicFetch", "FetchContext", "Fetcher", "ReliableFetch", "UnitOfWork"]
 
@@ -88,7 +89,7 @@ class Fetcher:
         self.keys = ctx.keys
         self._paused: frozenset[str] | None = None  # not read yet
         self._paused_at = 0.0
-        self._idle = threading.local()
+        self._idle = Idle()
         self.backoff = Backoff(ctx.config.fetch_idle_max_interval_s, ctx.quiet)
         self._paused_lock = threading.Lock()
         self._broken_logged_at = -BROKEN_QUEUE_LOG_INTERVAL_S
@@ -224,7 +225,7 @@ class ReliableFetch(Fetcher):
             return None
         # A thread about to block on BLMOVE (idle) reserves only its own
         # slot, so that every idle thread can wait at once.
-        blocking = mine is None and not self.acks and getattr(self._idle, "blocking", False)
+        blocking = mine is None and not self.acks and self._idle.blocking
         slot = self.ctx.ledger.reserve(self.buffer, 1 if blocking else None)
         if slot is None or isinstance(slot, UnitOfWork):
             # No thread waits to make the next call: it would wait too long.
@@ -243,7 +244,7 @@ class ReliableFetch(Fetcher):
         caller), acknowledging the acks waiting; when the queues are empty,
         a wait on one. Its jobs are stamped with when it was *sent* (G18):
         ``Processor.still_ours``."""
-        waiting = getattr(self._idle, "blocking", False)
+        waiting = self._idle.blocking
         queue = queues[0]
         try:
             acks = self.acks.take()

@@ -21,7 +21,11 @@ would count the time it waited for the GIL too, and a busy worker would
 never see its jobs as short again; and each at most ``LONG_WAIT_S``, so
 that a thread taken off its CPU for a while does not make short jobs look
 long. While jobs are handed over, every ``PROBE_S`` the jobs of the calls
-of ``PROBE_WINDOW_S`` are kept anyway, to measure them alone.
+of ``PROBE_WINDOW_S`` are kept anyway, to measure them alone. A thread's CPU
+time costs a system call (about 5 µs on a virtual machine under load, as
+much as the rest of a no-op job's bookkeeping): while the jobs last less
+than ``TIMED_FROM_S`` of wall time, they are not timed, and their wall time
+stands for their wait (it is at least that, and already short).
 
 A process that runs on one CPU (``CPU_AFFINITY``, ``taskset``, a cpuset of
 one) hands every job over at once, as before: there a hand-over is a cheap
@@ -58,14 +62,18 @@ PROBE_WINDOW_S = 0.05
 #: The weight of the last job measured in the running average of the waits.
 WEIGHT = 0.1
 
+#: Jobs are timed by their thread's CPU clock after one measured at least
+#: this long by the wall clock; shorter ones are short by their wall time.
+TIMED_FROM_S = SHORT_WAIT_S
+
 
 @dataclass
 class Start:
     """When a thread's job started, by the monotonic clock and by its
-    thread's CPU time."""
+    thread's CPU time (None: not timed)."""
 
     at: float
-    cpu: float
+    cpu: float | None
 
 
 def one_cpu() -> bool:
@@ -89,6 +97,9 @@ class Keeping:
         self._running = 0
         #: When a thread's job (not handed to the event loop) last ended (monotonic).
         self.plain_at = -1e9
+        #: Whether jobs are timed by their thread's CPU clock: the last
+        #: measured lasted TIMED_FROM_S or more.
+        self.timed = False
 
     def may_take(self, now: float) -> bool:
         """Whether the calling thread may take a job from the buffer now:
@@ -136,7 +147,7 @@ class Keeping:
 
     def started(self) -> Start:
         self._running += 1
-        return Start(time.monotonic(), time.thread_time())
+        return Start(time.monotonic(), time.thread_time() if self.timed else None)
 
     def moved(self) -> None:
         """A thread's job handed to the event loop."""
@@ -147,7 +158,10 @@ class Keeping:
         self._running -= 1
         self.plain_at = now = time.monotonic()
         if measure and self._running == 0:
-            waited = (now - start.at) - (time.thread_time() - start.cpu)
+            waited = wall = now - start.at
+            if start.cpu is not None:
+                waited -= time.thread_time() - start.cpu
+            self.timed = wall >= TIMED_FROM_S
             # At most LONG_WAIT_S: a thread taken off its CPU for a few
             # milliseconds (another process, Redis on the same core) must
             # not make short jobs look long.

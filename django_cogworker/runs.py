@@ -31,10 +31,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_cogworker")
 
-#: ``opened`` is set in a thread once it has opened a database connection
-#: (``connection_created``, connected to :func:`opened_connection` by the
-#: app's ``ready()``).
-_thread = threading.local()
+
+class _Opened(threading.local):
+    """``opened`` is set in a thread once it has opened a database
+    connection (``connection_created``, connected to
+    :func:`opened_connection` by the app's ``ready()``). False by default
+    through the class: read twice per job, a missing attribute read with
+    ``getattr``'s default would raise and catch an AttributeError each time."""
+
+    opened = False
+
+
+_thread = _Opened()
 
 #: What :func:`begin` hands the runner: the payload, its job, the job's
 #: context, and whether it has a ``timeout`` or ``hard_timeout``.
@@ -47,12 +55,12 @@ def opened_connection(sender: Any, **kwargs: Any) -> None:
 
 def opened_here() -> bool:
     """Whether this thread has opened a database connection."""
-    return getattr(_thread, "opened", False)
+    return _thread.opened
 
 
 def close_old_connections_here() -> None:
     """``close_old_connections``, in a thread that opened a connection."""
-    if getattr(_thread, "opened", False):
+    if _thread.opened:
         close_old_connections()
 
 

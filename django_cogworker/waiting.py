@@ -11,7 +11,8 @@ polls; with fewer, the queues left without one are looked at by the fetch
 script that a thread runs, in order, each time its wait ends (one wait,
 1 s, at most between two looks). And pause a thread that has to poll: a
 full Redis refuses ``BLMOVE`` (it may grow memory), and a broken queue
-cannot be waited on.
+cannot be waited on. And know, per thread, whether its next fetch blocks
+(:class:`Idle`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ from django_cogworker.conf import QueueSpec
 
 #: First pause of a polling thread.
 FIRST_PAUSE_S = 0.25
+
+
+class Idle(threading.local):
+    """Per thread of a fetcher: whether its last fetch came back empty, so
+    that its next one blocks. False until then, from the class: read on
+    every fetch, a missing attribute read with a default would raise and
+    catch an AttributeError each time."""
+
+    blocking = False
 
 
 class Waiters:

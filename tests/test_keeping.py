@@ -170,6 +170,36 @@ def test_a_jobs_io_wait_counts_only_when_it_ran_alone():
     assert keeping_.io_wait == before
 
 
+def test_jobs_are_timed_by_their_threads_cpu_clock_only_after_one_that_was_not_short(monkeypatch):
+    """A thread's CPU time is a system call: a job shorter than
+    SHORT_WAIT_S by the wall clock is short whatever its CPU time, and the
+    jobs after it are not timed; after a longer one they are, and a job
+    that spent its time on the CPU does not count as waiting on I/O."""
+    calls = []
+    real = time.thread_time
+    monkeypatch.setattr(keeping.time, "thread_time", lambda: calls.append(1) or real())
+    keeping_ = Keeping()
+    for _ in range(3):
+        keeping_.finished(keeping_.started(), measure=True)
+    assert calls == [] and keeping_.short
+    slow = keeping_.started()
+    time.sleep(0.005)
+    keeping_.finished(slow, measure=True)  # not timed: its wall time counts, at most LONG_WAIT_S
+    assert calls == [] and keeping_.timed
+    assert keeping_.io_wait == pytest.approx(keeping.LONG_WAIT_S * keeping.WEIGHT, rel=0.05)
+    busy = keeping_.started()
+    until = time.monotonic() + 0.005
+    while time.monotonic() < until:  # on the CPU, not waiting
+        pass
+    keeping_.finished(busy, measure=True)
+    assert len(calls) == 2  # timed: at its start and its end
+    assert keeping_.io_wait < keeping.LONG_WAIT_S * keeping.WEIGHT  # counted as no wait
+    keeping_.finished(keeping_.started(), measure=True)
+    assert len(calls) == 4 and not keeping_.timed  # short again: the next is not timed
+    keeping_.finished(keeping_.started(), measure=True)
+    assert len(calls) == 4
+
+
 def peak_overlap(cog: CogEnv) -> int:
     """The most jobs that ran at once, from their start and end notes."""
     starts = {n["tag"]: n["at"] for n in cog.notes("started")}
