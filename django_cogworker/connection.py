@@ -64,9 +64,14 @@ def get_keys() -> Keys:
     return keys(config.namespace, config.queue_groups)
 
 
+def is_sentinel(client: Any) -> bool:
+    """Whether ``client`` is a Sentinel client (its master may change)."""
+    return isinstance(getattr(client, "connection_pool", None), redis.sentinel.SentinelConnectionPool)
+
+
 def follow_master(client: Any) -> None:
     """:func:`.sentinel.follow_master` for a Sentinel client; nothing else."""
-    if isinstance(getattr(client, "connection_pool", None), redis.sentinel.SentinelConnectionPool):
+    if is_sentinel(client):
         from django_cogworker import sentinel  # loaded for Sentinel only
 
         sentinel.follow_master(client)
@@ -227,20 +232,16 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, redis.RedisCluster | redis.asyncio.RedisCluster)
 
 
-#: Connections a worker process holds besides one per processor thread: the
-#: heartbeat, poller, periodic ticker and housekeeper threads, the main
-#: thread's boot and stop, and room for what a job itself sends (its own
-#: calls ride on its thread's share while it runs, but a job may start
-#: threads of its own).
+#: Connections a worker process holds besides one per processor thread: its
+#: other threads', its boot's and stop's, and room for the threads a job
+#: may start (a job's own calls ride on its thread's share while it runs).
 SPARE_CONNECTIONS = 10
 
 
 def pool_size(concurrency: int, async_concurrency: int = 0) -> int:
-    """The connections a worker process may hold at once, the one formula
-    (docs/settings.md, ``REDIS_OPTIONS``): one per processor thread (an idle
-    one holds it while it waits in a blocking fetch), one per ``async def``
-    job in flight (``ASYNC_CONCURRENCY``, SPEC section 15), and
-    :data:`SPARE_CONNECTIONS`."""
+    """The connections a worker process may hold at once (docs/settings.md,
+    ``REDIS_OPTIONS``): one per processor thread (held while it blocks in a
+    fetch), one per ``async def`` job in flight, and :data:`SPARE_CONNECTIONS`."""
     return concurrency + async_concurrency + SPARE_CONNECTIONS
 
 

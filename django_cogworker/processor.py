@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from django_cogworker import execution, expiry, registry
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config
-from django_cogworker.connection import follow_master
+from django_cogworker.connection import follow_master, is_sentinel
 from django_cogworker.errors import BadPayload, UnsupportedServer
 from django_cogworker.fetch_mode import Fetching
 from django_cogworker.ledger import Ledger
@@ -84,10 +84,13 @@ class Processor:
 
     def run(self) -> None:
         crew = self.crew
+        client, revival_check_s = crew.fetching.ctx.client, crew.revival_check_s
+        sentinel = is_sentinel(client)
         while not crew.quiet.is_set():
             self.current = None
             try:
-                follow_master(crew.fetching.ctx.client)  # a Sentinel master that changed: one look a second
+                if sentinel:
+                    follow_master(client)  # a master that changed: one look a second
                 work = crew.fetching.current().retrieve()
             except UnsupportedServer as exc:
                 crew.fetching.fall_back(str(exc))
@@ -106,7 +109,7 @@ class Processor:
             if crew.quiet.is_set():
                 crew.settler.give_back(work)
                 break
-            if time.monotonic() - work.fetched_at > crew.revival_check_s and not self.still_ours(work):
+            if time.monotonic() - work.fetched_at > revival_check_s and not self.still_ours(work):
                 continue
             suspect = self.isolated(work) if work.recovered else False
             if suspect is None:
