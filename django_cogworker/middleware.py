@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -124,11 +124,16 @@ class ClientChain:
         _cancel(list(self.items), payload)
 
 
+#: A server middleware with its async forms (``abefore``, ``aafter``), None where it has none.
+Forms = tuple[ServerMiddleware, Callable[..., Awaitable[None]] | None, Callable[..., Awaitable[None]] | None]
+
+
 class ServerRun:
     """One run of one payload through the server chain."""
 
-    def __init__(self, items: tuple[ServerMiddleware, ...], payload: Payload) -> None:
-        self.items = items
+    def __init__(self, chain: ServerChain, payload: Payload) -> None:
+        self.items = chain.items
+        self.forms = chain.forms
         self.payload = payload
         self.entered: list[ServerMiddleware] = []
 
@@ -147,8 +152,7 @@ class ServerRun:
     async def abefore(self) -> None:
         """:meth:`before` for an ``async def`` job: a middleware's
         ``abefore`` awaited where it has one."""
-        for item in self.items:
-            form = getattr(item, "abefore", None)
+        for item, form, _ in self.forms:
             if form is not None:
                 await form(self.payload)
             else:
@@ -157,8 +161,7 @@ class ServerRun:
 
     async def aafter(self, result: Result) -> None:
         """:meth:`after` for an ``async def`` job (``aafter`` where defined)."""
-        for item in reversed(self.entered):
-            form = getattr(item, "aafter", None)
+        for item, _, form in reversed(self.forms[: len(self.entered)]):  # entered: the first ones
             try:
                 if form is not None:
                     await form(self.payload, result)
@@ -174,11 +177,16 @@ class ServerRun:
 class ServerChain:
     def __init__(self, items: Iterable[ServerMiddleware]) -> None:
         self.items = tuple(items)
+        # Looked up once: a middleware without them would otherwise cost an
+        # AttributeError raised and caught twice per async job.
+        self.forms: tuple[Forms, ...] = tuple(
+            (item, getattr(item, "abefore", None), getattr(item, "aafter", None)) for item in self.items
+        )
 
     def start(self, payload: Payload) -> ServerRun:
         # A copy shared by before() and after(): what a middleware writes in
         # it reaches neither the job nor the payload filed in retry or dead.
-        return ServerRun(self.items, dict(payload))
+        return ServerRun(self, dict(payload))
 
 
 def _cancel(passed: list[ClientMiddleware], payload: Payload) -> None:

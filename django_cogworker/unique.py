@@ -93,7 +93,7 @@ class UniqueServerMiddleware(ServerMiddleware):
     def after(self, payload: Payload, result: Result) -> None:
         # In "start" mode this is a no-op unless the release at the start
         # failed; the owner check makes a second try harmless.
-        if result.final and payload.get("unique_digest"):
+        if payload.get("unique_digest") and result.final:  # a plain job: one dict lookup
             self._release(payload)
 
     @staticmethod
