@@ -57,7 +57,6 @@ BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
 logger = logging.getLogger("django_cogworker")
 
-
 __all__ = ["STRATEGIES", "BasicFetch", "FetchContext", "Fetcher", "ReliableFetch", "UnitOfWork"]
 
 
