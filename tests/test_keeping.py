@@ -170,33 +170,52 @@ def test_a_jobs_io_wait_counts_only_when_it_ran_alone():
     assert keeping_.io_wait == before
 
 
+class Clocks:
+    """The two clocks keeping.py reads, moved by the test: the wall clock
+    and the thread's CPU clock (a real one would move with the machine's
+    load)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.cpu_reads = 0
+
+    def monotonic(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        self.cpu_reads += 1
+        return self.cpu
+
+    def job(self, keeping_: Keeping, wall: float, cpu: float) -> None:
+        start = keeping_.started()
+        self.wall += wall
+        self.cpu += cpu
+        keeping_.finished(start, measure=True)
+
+
 def test_jobs_are_timed_by_their_threads_cpu_clock_only_after_one_that_was_not_short(monkeypatch):
     """A thread's CPU time is a system call: a job shorter than
     SHORT_WAIT_S by the wall clock is short whatever its CPU time, and the
     jobs after it are not timed; after a longer one they are, and a job
     that spent its time on the CPU does not count as waiting on I/O."""
-    calls = []
-    # The thread's CPU clock, as a job that spends all its time on the CPU
-    # would see it (a real busy loop is taken off its CPU on a busy machine).
-    monkeypatch.setattr(keeping.time, "thread_time", lambda: calls.append(1) or time.monotonic())
+    clocks = Clocks()
+    monkeypatch.setattr(keeping, "time", clocks)
     keeping_ = Keeping()
     for _ in range(3):
-        keeping_.finished(keeping_.started(), measure=True)
-    assert calls == [] and keeping_.short
-    slow = keeping_.started()
-    time.sleep(0.005)
-    keeping_.finished(slow, measure=True)  # not timed: its wall time counts, at most LONG_WAIT_S
-    assert calls == [] and keeping_.timed
-    assert keeping_.io_wait == pytest.approx(keeping.LONG_WAIT_S * keeping.WEIGHT, rel=0.05)
-    busy = keeping_.started()
-    time.sleep(0.005)  # on the CPU, by its clock: not waiting
-    keeping_.finished(busy, measure=True)
-    assert len(calls) == 2  # timed: at its start and its end
-    assert keeping_.io_wait < keeping.LONG_WAIT_S * keeping.WEIGHT  # counted as no wait
-    keeping_.finished(keeping_.started(), measure=True)
-    assert len(calls) == 4 and not keeping_.timed  # short again: the next is not timed
-    keeping_.finished(keeping_.started(), measure=True)
-    assert len(calls) == 4
+        clocks.job(keeping_, wall=0.00005, cpu=0.00004)
+    assert clocks.cpu_reads == 0 and keeping_.short
+    before = keeping_.io_wait
+    clocks.job(keeping_, wall=0.005, cpu=0.0)  # not timed: its wall time counts, at most LONG_WAIT_S
+    assert clocks.cpu_reads == 0 and keeping_.timed
+    waited = keeping_.io_wait
+    assert waited == pytest.approx(before + (keeping.LONG_WAIT_S - before) * keeping.WEIGHT)
+    clocks.job(keeping_, wall=0.005, cpu=0.005)  # timed: all of it on the CPU
+    assert clocks.cpu_reads == 2
+    assert keeping_.io_wait == pytest.approx(waited * (1 - keeping.WEIGHT))  # counted as no wait
+    clocks.job(keeping_, wall=0.00005, cpu=0.00004)
+    assert clocks.cpu_reads == 4 and not keeping_.timed  # short again: the next is not timed
+    clocks.job(keeping_, wall=0.00005, cpu=0.00004)
+    assert clocks.cpu_reads == 4
 
 
 def peak_overlap(cog: CogEnv) -> int:
