@@ -36,6 +36,7 @@ from django_cogworker.errors import RedisAccessRefused, refusal, without_redis_f
 from django_cogworker.heartbeat import Heartbeat, Status
 from django_cogworker.manager import Manager
 from django_cogworker.outage import is_outage
+from django_cogworker.periodic.ticker import Ticker
 from django_cogworker.poller import Poller
 from django_cogworker.process import BACKGROUND_STOP_TIMEOUT_S, open_process
 from django_cogworker.recovery import Recovery
@@ -89,7 +90,7 @@ class Launcher:
         self.recovery = Recovery(process)
         self.heartbeat = Heartbeat(process, self.manager.ledger, self.status, self.remote_signal)
         self.poller = Poller(process)
-        self.ticker = periodic.Ticker(
+        self.ticker = Ticker(
             process.client,
             process.keys,
             config,

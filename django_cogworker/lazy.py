@@ -29,3 +29,24 @@ def exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
         return value
 
     return __getattr__
+
+
+class Module:
+    """A module imported at its first attribute read: for a module that
+    only some settings use (the sharded layout's calls), named once at the
+    top of the module that calls it::
+
+        if TYPE_CHECKING:
+            from django_cogworker.limits import sharded
+        else:
+            sharded = lazy.Module("django_cogworker.limits.sharded")
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self.name), attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self.name!r}>"

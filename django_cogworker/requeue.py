@@ -15,14 +15,20 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django_cogworker import lazy
 from django_cogworker.conf import DEFAULT_QUEUE, Config
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
 from django_cogworker.limits import state
 from django_cogworker.payload import Payload, parse
 from django_cogworker.scripts import Arg, script
+
+if TYPE_CHECKING:
+    from django_cogworker.limits import sharded
+else:
+    sharded = lazy.Module("django_cogworker.limits.sharded")  # ``freeing`` is under SHARDING only
 
 logger = logging.getLogger("django_cogworker")
 
@@ -190,8 +196,6 @@ def requeue_list(
         return 0, []
     reply = script("requeue")(client, script_keys, args)
     if freeing and int(reply[0]) >= 0:
-        from django_cogworker.limits import sharded  # ``freeing`` is under SHARDING only
-
         try:
             sharded.free_owner(client, keys, identity)
         except Exception as exc:

@@ -479,7 +479,8 @@ def test_confirmed_enqueue_of_the_tasks_backend_and_the_periodic_ticker(cog: Cog
     and a periodic slot confirm with a write of their own then WAIT."""
     import asyncio
 
-    from django_cogworker.periodic import ALREADY, Entry, enqueue_slot
+    from django_cogworker.periodic.enqueue import ALREADY, enqueue_slot
+    from django_cogworker.periodic.entry import Entry
     from testproject.testapp import tasks
 
     own_redis()

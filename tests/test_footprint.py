@@ -134,10 +134,13 @@ USES = {
         "assert type(noop.s()) is Signature\n"
     ),
     "django_cogworker.cron": (
-        "from django_cogworker import periodic\n"
-        "assert periodic.parse_setting({'cron': '0 3 * * *', 'job': 'plainapp.jobs.noop'}).job\n"
+        "from django_cogworker.periodic.entry import parse_setting\n"
+        "assert parse_setting({'cron': '0 3 * * *', 'job': 'plainapp.jobs.noop'}).job\n"
     ),
-    "django_cogworker.periodic.enqueue": "from django_cogworker.periodic import PUSHED, enqueue_slot\n",
+    "django_cogworker.periodic.enqueue": (
+        "from django_cogworker.periodic.enqueue import PUSHED, enqueue_slot\n"
+        "assert PUSHED and callable(enqueue_slot)\n"
+    ),
     "django_cogworker.layouts": (
         "from django.test import override_settings\n"
         "from django.conf import settings\n"

@@ -22,7 +22,10 @@ from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.cron import Schedule, cron_error, tz_error
 from django_cogworker.execution import execute
 from django_cogworker.payload import encode
-from django_cogworker.periodic import Entry, Ticker
+from django_cogworker.periodic.enqueue import ALREADY, PUSHED, SKIPPED, SLOT_MARKER_TTL_S
+from django_cogworker.periodic.entry import Entry, parse_setting
+from django_cogworker.periodic.lock import ACTIVE_TTL_MIN_S, HELD, active_ttl_s
+from django_cogworker.periodic.ticker import LATE_GRACE_S, Ticker
 from django_cogworker.requeue import PERIODIC_QUEUED_TTL_S
 from tests.conftest import wait_for
 
@@ -89,7 +92,7 @@ def short(at: float | None) -> str | None:
 def test_due_slot_and_next_run(cron, tz, now, due, next_run):
     schedule = Schedule(cron, tz)
     at = ts(now)
-    assert short(schedule.due_slot(at, periodic.LATE_GRACE_S)) == due
+    assert short(schedule.due_slot(at, LATE_GRACE_S)) == due
     assert short(schedule.next_run(at)) == next_run
 
 
@@ -269,13 +272,13 @@ def test_each_slot_is_enqueued_once_and_missed_slots_are_not_backfilled(cog):
     entry = Entry("0 * * * *", RECORD, ("hourly",))
     slot = ts("2024-05-01T10:00:00+00:00")
     first, second = ticker(entry), ticker(entry)  # two processes
-    assert first.tick(slot + 0.2) == {entry.pjid: periodic.PUSHED}
-    assert second.tick(slot + 0.3) == {entry.pjid: periodic.ALREADY}
+    assert first.tick(slot + 0.2) == {entry.pjid: PUSHED}
+    assert second.tick(slot + 0.3) == {entry.pjid: ALREADY}
     assert first.tick(slot + 5) == {}  # this process handled the slot already
     # A process started after the grace (it was down at 10:00): nothing.
-    assert ticker(entry).tick(slot + periodic.LATE_GRACE_S) == {}
+    assert ticker(entry).tick(slot + LATE_GRACE_S) == {}
     # One started within the grace enqueues nothing more either: the marker says it was done.
-    assert ticker(entry).tick(slot + periodic.LATE_GRACE_S - 1) == {entry.pjid: periodic.ALREADY}
+    assert ticker(entry).tick(slot + LATE_GRACE_S - 1) == {entry.pjid: ALREADY}
 
     jobs = queued(cog)
     assert len(jobs) == 1
@@ -284,11 +287,11 @@ def test_each_slot_is_enqueued_once_and_missed_slots_are_not_backfilled(cog):
     assert "periodic_until_executed" not in jobs[0]
     marker = cog.key(f"periodic:slot:{entry.pjid}:{int(slot)}")
     assert cog.redis.get(marker).decode() == jobs[0]["jid"]
-    assert periodic.LATE_GRACE_S < cog.redis.ttl(marker) <= periodic.SLOT_MARKER_TTL_S
+    assert LATE_GRACE_S < cog.redis.ttl(marker) <= SLOT_MARKER_TTL_S
     assert float(cog.redis.hget(cog.key("periodic:last"), entry.pjid)) == pytest.approx(slot + 0.2)
 
     # The next slot is a new one.
-    assert second.tick(slot + 3600.1) == {entry.pjid: periodic.PUSHED}
+    assert second.tick(slot + 3600.1) == {entry.pjid: PUSHED}
     assert len(queued(cog)) == 2
 
 
@@ -304,20 +307,20 @@ def test_until_executed_skips_slots_while_a_run_is_queued_then_resumes(cog):
     t = ticker(entry)
     lock = cog.key(f"periodic:running:{entry.pjid}")
     s1 = ts("2024-05-01T10:00:00+00:00")
-    assert t.tick(s1) == {entry.pjid: periodic.PUSHED}
+    assert t.tick(s1) == {entry.pjid: PUSHED}
     (first,) = queued(cog)
     assert first["periodic_until_executed"] is True
     assert cog.redis.get(lock).decode() == first["jid"]
     assert PERIODIC_QUEUED_TTL_S - 5 < cog.redis.ttl(lock) <= PERIODIC_QUEUED_TTL_S
 
-    assert t.tick(s1 + 60) == {entry.pjid: periodic.SKIPPED}
+    assert t.tick(s1 + 60) == {entry.pjid: SKIPPED}
     assert cog.redis.get(cog.key(f"periodic:slot:{entry.pjid}:{int(s1 + 60)}")) == b"skipped"
-    assert ticker(entry).tick(s1 + 61) == {entry.pjid: periodic.ALREADY}  # skipped counts as handled
+    assert ticker(entry).tick(s1 + 61) == {entry.pjid: ALREADY}  # skipped counts as handled
     assert len(queued(cog)) == 1
 
     assert testing.drain() == 1  # the run ends: the lock goes
     assert cog.redis.exists(lock) == 0
-    assert t.tick(s1 + 120) == {entry.pjid: periodic.PUSHED}
+    assert t.tick(s1 + 120) == {entry.pjid: PUSHED}
     (second,) = queued(cog)
     assert cog.redis.get(lock).decode() == second["jid"] != first["jid"]
 
@@ -346,7 +349,7 @@ def test_a_broken_entry_is_logged_once_and_never_stops_the_others(cog, logged):
     cog.redis.set(cog.key("queue:broken"), "a string, not a list")
     t = ticker(unknown, bad_queue, good)
     s1 = ts("2024-05-01T10:00:00+00:00")
-    assert t.tick(s1) == {good.pjid: periodic.PUSHED}
+    assert t.tick(s1) == {good.pjid: PUSHED}
     assert t.tick(s1 + 1) == {}
     errors = [r.getMessage() for r in caplog.records]
     assert len(errors) == 2  # once per entry, not once per tick
@@ -355,7 +358,7 @@ def test_a_broken_entry_is_logged_once_and_never_stops_the_others(cog, logged):
     # The failed push left no marker: once the key is fixed, the same slot goes out.
     assert not cog.redis.exists(cog.key(f"periodic:slot:{bad_queue.pjid}:{int(s1)}"))
     cog.redis.delete(cog.key("queue:broken"))
-    assert t.tick(s1 + 2) == {bad_queue.pjid: periodic.PUSHED}
+    assert t.tick(s1 + 2) == {bad_queue.pjid: PUSHED}
     assert len(queued(cog, "broken")) == 1
 
 
@@ -410,7 +413,7 @@ def test_the_running_lock_is_released_when_the_run_ends_for_good(cog, job_name, 
         assert cog.redis.ttl(lock) > PERIODIC_QUEUED_TTL_S - 5  # covers the retry's wait
     else:
         assert not cog.redis.exists(lock)
-    assert periodic.HELD.snapshot() == []
+    assert HELD.snapshot() == []
 
 
 def test_a_run_extends_its_lock_and_never_touches_another_runs_lock(cog):
@@ -420,11 +423,11 @@ def test_a_run_extends_its_lock_and_never_touches_another_runs_lock(cog):
 
     @job(name="tests.periodic.peek")
     def peek() -> None:
-        seen.append((cog.redis.ttl(lock), periodic.HELD.snapshot()))
+        seen.append((cog.redis.ttl(lock), HELD.snapshot()))
 
     execute(periodic_payload(cog, "tests.periodic.peek"), get_config(), close_connections=False)
     (ttl, held) = seen[0]
-    assert ttl > periodic.ACTIVE_TTL_MIN_S - 5  # active TTL while running
+    assert ttl > ACTIVE_TTL_MIN_S - 5  # active TTL while running
     assert held == [("run-1", "p1")]  # the ticker extends it during a long run
 
     cog.redis.set(lock, "someone-else", ex=5)
@@ -435,22 +438,22 @@ def test_a_run_extends_its_lock_and_never_touches_another_runs_lock(cog):
 def test_held_locks_are_extended(cog):
     lock = cog.key("periodic:running:p9")
     cog.redis.set(lock, "run-9", ex=3)
-    periodic.HELD.add("run-9", "p9")
+    HELD.add("run-9", "p9")
     try:
-        assert periodic.HELD.extend(get_redis(), get_keys(), 500) == 1
+        assert HELD.extend(get_redis(), get_keys(), 500) == 1
         assert 495 < cog.redis.ttl(lock) <= 500
         cog.redis.set(lock, "another-run", ex=3)
-        assert periodic.HELD.extend(get_redis(), get_keys(), 500) == 0
+        assert HELD.extend(get_redis(), get_keys(), 500) == 0
         assert cog.redis.ttl(lock) <= 3
     finally:
-        periodic.HELD.remove("run-9")
+        HELD.remove("run-9")
 
 
 def test_active_ttl_outlives_the_time_to_recover_a_dead_worker(cog):
     cog.configure(ORPHAN_THRESHOLD=3000, ORPHAN_CHECK_INTERVAL=600, HEARTBEAT_TTL=60)
-    assert periodic.active_ttl_s(get_config()) > 3000 + 600
+    assert active_ttl_s(get_config()) > 3000 + 600
     cog.configure(ORPHAN_THRESHOLD=2, ORPHAN_CHECK_INTERVAL=0.5, HEARTBEAT_TTL=1)
-    assert periodic.active_ttl_s(get_config()) == periodic.ACTIVE_TTL_MIN_S
+    assert active_ttl_s(get_config()) == ACTIVE_TTL_MIN_S
 
 
 def test_recovery_and_give_back_retake_the_running_lock_for_the_requeued_run(cog):
@@ -533,7 +536,7 @@ def slot_markers(cog: Any, pjid: str) -> dict[int, str]:
 
 def test_several_processes_enqueue_each_slot_exactly_once(cog, capsys):
     entry = {"cron": "* * * * * *", "job": RECORD, "args": ["tick"]}
-    pjid = periodic.parse_setting(entry).pjid
+    pjid = parse_setting(entry).pjid
     cog.configure(PERIODIC=[entry], MIDDLEWARE=NOTE_RUNS)
     # Each slot's enqueue is logged at DEBUG.
     workers = [cog.start_worker(env={"COGWORKER_LOG_LEVEL": "DEBUG"}) for _ in range(3)]
@@ -577,7 +580,7 @@ def test_several_processes_enqueue_each_slot_exactly_once(cog, capsys):
 
 def test_until_executed_run_longer_than_the_period_skips_then_resumes(cog):
     entry = {"cron": "* * * * * *", "job": SLEEP, "args": [2.5], "until_executed": True}
-    pjid = periodic.parse_setting(entry).pjid
+    pjid = parse_setting(entry).pjid
     cog.configure(PERIODIC=[entry], CONCURRENCY=4)
     worker = cog.start_worker()
     wait_for(lambda: len(cog.notes("runs")) >= 2, 30, "two runs to finish")
@@ -601,7 +604,7 @@ def test_until_executed_run_longer_than_the_period_skips_then_resumes(cog):
 def test_a_recovered_periodic_job_keeps_its_lock_so_no_parallel_run_starts(cog):
     # block_first_run sleeps 60 s on a jid's first run and is quick on a re-run.
     entry = {"cron": "* * * * * *", "job": BLOCK, "args": [60], "until_executed": True}
-    pjid = periodic.parse_setting(entry).pjid
+    pjid = parse_setting(entry).pjid
     lock = cog.key(f"periodic:running:{pjid}")
     cog.configure(PERIODIC=[entry])
     victim = cog.start_worker()

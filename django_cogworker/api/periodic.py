@@ -60,6 +60,8 @@ class PeriodicEntries:
 
     @redis_boundary("read the periodic entries")
     def all(self) -> Listing[PeriodicEntry]:
+        from django_cogworker.periodic.entry import entry_queue  # loaded with the entries
+
         entries = periodic.entries()
         if not entries:
             return Listing()
@@ -83,7 +85,7 @@ class PeriodicEntries:
                     job=entry.job,
                     cron=entry.cron,
                     tz=entry.tz,
-                    queue=periodic.entry_queue(entry),
+                    queue=entry_queue(entry),
                     args=list(entry.args),
                     kwargs=dict(entry.kwargs),
                     until_executed=entry.until_executed,

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django_cogworker import lazy
 from django_cogworker.keys import Keys
 from django_cogworker.limits.layout import (
     PROMOTED_TTL_S,
@@ -38,6 +39,11 @@ from django_cogworker.limits.layout import (
 )
 from django_cogworker.limits.limiter import Limiter, limiter_of
 from django_cogworker.scripts import Arg, script
+
+if TYPE_CHECKING:
+    from django_cogworker.limits import sharded
+else:
+    sharded = lazy.Module("django_cogworker.limits.sharded")  # loaded under SHARDING only
 
 logger = logging.getLogger("django_cogworker")
 
@@ -56,8 +62,6 @@ def admit(
     listed: bool = True,
 ) -> Admission:
     if keys.sharded:
-        from django_cogworker.limits import sharded  # loaded under SHARDING only
-
         return sharded.admit(
             client, keys, inprogress, identity, raw, jid, queue, limiters, park=park, listed=listed
         )
@@ -91,8 +95,6 @@ def park(
     rate's window has room (0.0 otherwise), None when it went back to its
     queue or was no longer ours."""
     if keys.sharded:
-        from django_cogworker.limits import sharded  # loaded under SHARDING only
-
         return sharded.park(client, keys, inprogress, raw, jid, queue, limiter, listed)
     script_keys = [
         inprogress,
@@ -133,8 +135,6 @@ def release(client: Any, keys: Keys, identity: str, jid: str, queue: str, holds:
     """Frees slots taken in job code; returns how many limiters have room
     and waiters on other queues (wake those)."""
     if keys.sharded:
-        from django_cogworker.limits import sharded  # loaded under SHARDING only
-
         return sharded.release(client, keys, identity, jid, holds)
     return int(script("release")(client, *release_args(keys, identity, jid, queue, holds)))
 
@@ -152,8 +152,6 @@ def wake(client: Any, keys: Keys, name: str, limiter: Limiter | None = None) -> 
     """Moves waiters of ``name`` back onto their queues while it has room.
     Returns (how many moved, seconds until a full rate window has room)."""
     if keys.sharded:
-        from django_cogworker.limits import sharded  # loaded under SHARDING only
-
         return sharded.wake(client, keys, name, limiter)
     limiter, names = waiting_queues(client, keys, name, limiter)
     if limiter is None or not names:
@@ -192,8 +190,6 @@ def sweep(client: Any, keys: Keys) -> float | None:
     ``keys`` are the poller's group's, which it repairs first
     (:func:`.sharded.repair`)."""
     if keys.sharded:
-        from django_cogworker.limits import sharded  # loaded under SHARDING only
-
         sharded.repair(client, keys)
     registry = {text(name): spec for name, spec in client.hgetall(keys.limits).items()}
     if not registry:

@@ -16,7 +16,9 @@ skips a slot while its previous run is queued or running. By role:
   list. The decorated entries live in this module so that
   ``django_cogworker.periodic._decorated`` is the one list.
 
-Every name other modules use is importable from here.
+The package exports the decorator, :func:`entries` and the middleware
+(its path in ``MIDDLEWARE``); the rest is imported from its module, so that a
+worker with no entries never loads the cron parser.
 """
 
 from __future__ import annotations
@@ -27,94 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from django_cogworker.conf import Config, get_config
 from django_cogworker.job import Job
-from django_cogworker.lazy import exports
+
+# Loaded by every worker anyway (the ticker; the middleware is a default):
+# the path in MIDDLEWARE["server"] names it here.
+from django_cogworker.periodic.lock import PeriodicLockMiddleware
 
 if TYPE_CHECKING:
-    from django_cogworker.periodic.enqueue import (
-        ALREADY,
-        PUSHED,
-        REFUSED,
-        SKIPPED,
-        SLOT_MARKER_TTL_S,
-        enqueue_slot,
-        slot_payload,
-    )
-    from django_cogworker.periodic.entry import (
-        SETTING_KEYS,
-        Entry,
-        Problem,
-        entry_queue,
-        parse_setting,
-        setting_problems,
-    )
-    from django_cogworker.periodic.lock import (
-        ACTIVE_TTL_MIN_S,
-        HELD,
-        PERIODIC_QUEUED_TTL_S,
-        HeldLocks,
-        PeriodicLockMiddleware,
-        active_ttl_s,
-        hold,
-    )
-    from django_cogworker.periodic.ticker import LATE_GRACE_S, TICK_MAX_S, TICK_MIN_S, Ticker
+    from django_cogworker.periodic.entry import Entry  # the cron parser: loaded for entries only
 
-__all__ = [
-    "ACTIVE_TTL_MIN_S",
-    "ALREADY",
-    "HELD",
-    "LATE_GRACE_S",
-    "PERIODIC_QUEUED_TTL_S",
-    "PUSHED",
-    "REFUSED",
-    "SETTING_KEYS",
-    "SKIPPED",
-    "SLOT_MARKER_TTL_S",
-    "TICK_MAX_S",
-    "TICK_MIN_S",
-    "Entry",
-    "HeldLocks",
-    "PeriodicLockMiddleware",
-    "Problem",
-    "Ticker",
-    "active_ttl_s",
-    "enqueue_slot",
-    "entries",
-    "entry_queue",
-    "hold",
-    "parse_setting",
-    "periodic",
-    "setting_problems",
-    "slot_payload",
-]
-
-# Each name is imported from its module when first used: a worker with no
-# entries loads the ticker and the running lock, not the cron parser.
-__getattr__ = exports(
-    __name__,
-    {
-        **dict.fromkeys(
-            ("ALREADY", "PUSHED", "REFUSED", "SKIPPED", "SLOT_MARKER_TTL_S", "enqueue_slot", "slot_payload"),
-            ".enqueue",
-        ),
-        **dict.fromkeys(
-            ("SETTING_KEYS", "Entry", "Problem", "entry_queue", "parse_setting", "setting_problems"),
-            ".entry",
-        ),
-        **dict.fromkeys(
-            (
-                "ACTIVE_TTL_MIN_S",
-                "HELD",
-                "PERIODIC_QUEUED_TTL_S",
-                "HeldLocks",
-                "PeriodicLockMiddleware",
-                "active_ttl_s",
-                "hold",
-            ),
-            ".lock",
-        ),
-        **dict.fromkeys(("LATE_GRACE_S", "TICK_MAX_S", "TICK_MIN_S", "Ticker"), ".ticker"),
-    },
-)
+__all__ = ["PeriodicLockMiddleware", "entries", "periodic"]
 
 logger = logging.getLogger("django_cogworker")
 
