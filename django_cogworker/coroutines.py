@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 from django_cogworker import arun, threads
 from django_cogworker.conf import Config
-from django_cogworker.ledger import Ledger
+from django_cogworker.ledger import PLAIN_LATELY_S, Ledger
 from django_cogworker.limits import running
 from django_cogworker.loop_watch import LoopWatch
 from django_cogworker.outcomes import Outcome, dead_letter
@@ -53,9 +53,9 @@ logger = logging.getLogger("django_cogworker")
 #: (it is woken as soon as a job ends).
 ROOM_WAIT_S = 0.25
 
-#: A full loop wakes a thread waiting for room once this many slots are
-#: free, not at each: one fetch a batch.
-ROOM_BATCH = 8
+#: A full loop wakes a thread waiting for room once this share of its slots
+#: is free, not at each slot: one fetch a batch.
+ROOM_BATCH_SHARE = 0.5
 
 #: How long the shutdown waits for cancelled coroutines to end (the
 #: cancellation lands at their next ``await``) before those still going are
@@ -65,9 +65,12 @@ CANCEL_GRACE_S = 1.0
 #: Jobs a fetch may bring ahead for the loop (each held in the ledger, G19),
 #: while it took one within FETCH_AHEAD_FOR_S: a coroutine job is handed over
 #: at once, so without it the threads would rarely wait, and each call would
-#: bring one job.
-FETCH_AHEAD = 16
+#: bring one job. A stream of coroutine jobs alone fills the loop's free slots
+#: in one call; while plain jobs ran lately (``Keeping.plain_at``), a call
+#: brings at most FETCH_AHEAD_MIXED, so that the plain jobs fetched with them
+#: wait little in this process's hands while another process is free.
 FETCH_AHEAD_FOR_S = 1.0
+FETCH_AHEAD_MIXED = 16
 
 #: A finished job, for the settling thread; None stops it.
 Done = tuple[int, UnitOfWork, Outcome] | None
@@ -89,6 +92,7 @@ class Coroutines:
         self.settler = settler
         self.quiet = quiet
         self.size = config.async_concurrency
+        self.room_batch = max(1, int(self.size * ROOM_BATCH_SHARE))
         self.on_crash = on_crash
         # The loop's ledger indices, after the threads'.
         self._free = list(range(first_index + self.size - 1, first_index - 1, -1))
@@ -180,8 +184,8 @@ class Coroutines:
         """After a hand-over, while the loop has no room: the thread does not
         fetch yet. A coroutine job it fetched now would wait in its hands
         and take the slots freed one by one, a fetch call each; it waits
-        instead until ``ROOM_BATCH`` slots are free (one thread woken, not
-        all), and its next fetch brings jobs for all of them (``room``). At most
+        instead until ``ROOM_BATCH_SHARE`` of the slots are free (one thread
+        woken, not all), and its next fetch brings jobs for them (``room``). At most
         ``ROOM_WAIT_S``: a loop full of long coroutines does not keep the
         thread from the plain jobs queued behind them."""
         with self._later:
@@ -251,20 +255,25 @@ class Coroutines:
                 self._free.append(slot)
                 if self._holding:
                     self._room.notify()  # a thread holding a job: this slot is its
-                elif len(self._free) == min(ROOM_BATCH, self.size):
+                elif len(self._free) == self.room_batch:
                     self._later.notify()  # a thread whose next fetch brings jobs for the free slots
 
     def room(self, in_transit: int) -> int:
-        """How many more jobs a fetch may bring for the loop: up to
-        ``FETCH_AHEAD`` of its free slots (less those the threads holding a
-        job wait for, and those ``in_transit``: fetched, or being fetched,
-        and not handed over yet) while it has taken a job within
-        ``FETCH_AHEAD_FOR_S``, so that a stream of coroutine jobs costs one
-        call per batch, not one per job; none otherwise, so that a process
-        running plain jobs alone fetches as before."""
-        if time.monotonic() - self.handed_at > FETCH_AHEAD_FOR_S:
+        """How many more jobs a fetch may bring for the loop: its free
+        slots (less those the threads holding a job wait for, and those
+        ``in_transit``: fetched, or being fetched, and not handed over yet),
+        at most ``FETCH_AHEAD_MIXED`` while plain jobs ran lately, while it
+        has taken a job within ``FETCH_AHEAD_FOR_S``, so that a stream of
+        coroutine jobs costs one call per batch, not one per job; none
+        otherwise, so that a process running plain jobs alone fetches as
+        before."""
+        now = time.monotonic()
+        if now - self.handed_at > FETCH_AHEAD_FOR_S:
             return 0
-        return max(0, min(len(self._free) - self._holding - in_transit, FETCH_AHEAD))
+        room = len(self._free) - self._holding - in_transit
+        if now - self.ledger.keeping.plain_at < PLAIN_LATELY_S:
+            room = min(room, FETCH_AHEAD_MIXED)
+        return max(0, room)
 
     def blocking_job(self) -> UnitOfWork | None:
         """The job whose coroutine runs on the loop now (from another thread)."""

@@ -15,9 +15,9 @@ import pytest
 
 from django_cogworker import keeping
 from django_cogworker.conf import get_config
-from django_cogworker.coroutines import ROOM_BATCH, Coroutines
+from django_cogworker.coroutines import FETCH_AHEAD_FOR_S, FETCH_AHEAD_MIXED, Coroutines
 from django_cogworker.keeping import Keeping
-from django_cogworker.ledger import Ledger, Slots
+from django_cogworker.ledger import PLAIN_LATELY_S, Ledger, Slots
 from django_cogworker.outcomes import Outcome
 from django_cogworker.work import UnitOfWork
 from testproject.testapp import jobs
@@ -292,17 +292,17 @@ def test_a_keeper_of_short_jobs_wakes_no_thread_when_it_hands_a_job_to_the_loop(
     assert wakes == [1, 1, 1]
 
 
-def test_a_loop_that_frees_room_wakes_a_holder_per_slot_else_one_thread_at_room_batch():
+def test_a_loop_that_frees_room_wakes_a_holder_per_slot_else_one_thread_at_half_its_slots():
     """A slot the loop frees goes to a thread holding a job (one woken per
-    slot); with none holding, the ROOM_BATCH-th free slot wakes one thread
-    waiting to fetch again, whose one call brings jobs for all of them, not
-    every thread waiting."""
+    slot); with none holding, the slot that makes half the loop free wakes
+    one thread waiting to fetch again, whose one call brings jobs for all of
+    them, not every thread waiting."""
 
     class Settler:
         def finished(self, *args: object) -> None:
             pass
 
-    size = ROOM_BATCH + 2
+    size = 12
     config = replace(get_config(), async_concurrency=size)
     loop = Coroutines(
         config, Ledger(2, threading.Event()), Settler(), threading.Event(), 2, lambda: None, print
@@ -315,6 +315,34 @@ def test_a_loop_that_frees_room_wakes_a_holder_per_slot_else_one_thread_at_room_
     assert (holders, fetchers) == ([1], [])
     loop._holding = 0
     loop._free.pop()  # the holder took it
-    for _ in range(ROOM_BATCH + 1):
+    for _ in range(size // 2 - 1):
+        loop._finished(slots.pop(), work(b"y"), outcome)
+    assert (holders, fetchers) == ([1], [])
+    loop._finished(slots.pop(), work(b"y"), outcome)  # the sixth of twelve free
+    assert (holders, fetchers) == ([1], [1])
+    for _ in range(size // 2 - 1):
         loop._finished(slots.pop(), work(b"y"), outcome)
     assert (holders, fetchers) == ([1], [1])
+
+
+def test_a_fetch_for_a_loop_fills_its_free_slots_unless_plain_jobs_ran_lately():
+    """A stream of coroutine jobs alone: one call brings jobs for every free
+    slot of the loop (less those in transit); while plain jobs ran within
+    PLAIN_LATELY_S, at most FETCH_AHEAD_MIXED, so that plain jobs fetched
+    with them do not wait in this process's hands; none once the loop has
+    taken no job for FETCH_AHEAD_FOR_S."""
+    size = FETCH_AHEAD_MIXED * 4
+    config = replace(get_config(), async_concurrency=size)
+    ledger = Ledger(2, threading.Event())
+    loop = Coroutines(config, ledger, None, threading.Event(), 2, lambda: None, print)  # type: ignore[arg-type]
+    assert loop.room(0) == 0  # no job handed over yet: plain jobs fetch as before
+    loop.handed_at = time.monotonic()
+    loop._free.pop()  # one running
+    assert loop.room(0) == size - 1
+    assert loop.room(5) == size - 6
+    ledger.keeping.plain_at = time.monotonic()  # a plain job just ended
+    assert loop.room(0) == FETCH_AHEAD_MIXED
+    ledger.keeping.plain_at = time.monotonic() - 2 * PLAIN_LATELY_S
+    assert loop.room(0) == size - 1
+    loop.handed_at = time.monotonic() - 2 * FETCH_AHEAD_FOR_S
+    assert loop.room(0) == 0
