@@ -110,6 +110,9 @@ class Coroutines:
         #: The tasks on the loop (touched by the loop's thread only) -> the
         #: job each runs, for the lag watch to name.
         self.tasks: dict[asyncio.Task[None], UnitOfWork] = {}
+        #: The job whose task is being created (its first step runs then, on
+        #: Python 3.12+), for the lag watch to name.
+        self.starting: UnitOfWork | None = None
         #: Jobs whose coroutine ended by the shutdown's cancellation.
         self.cancelled: list[UnitOfWork] = []
         self._done: queue.SimpleQueue[Done] = queue.SimpleQueue()
@@ -126,6 +129,12 @@ class Coroutines:
 
     def start(self) -> None:
         self.loop = asyncio.new_event_loop()
+        eager = getattr(asyncio, "eager_task_factory", None)  # Python 3.12+
+        if eager is not None:
+            # A job's coroutine runs at once, up to its first real wait: a
+            # job that never waits (or before it does) costs no trip through
+            # the loop's queue.
+            self.loop.set_task_factory(eager)
         self.watch = LoopWatch(self.loop, self.blocking_job, self.on_blocked)
         threads.start("cogworker-loop", self._run_loop, self._crashed)
         threads.start("cogworker-loop-settler", self._settle, self._crashed)
@@ -207,9 +216,13 @@ class Coroutines:
             slot, work, payload = self._inbox.popleft()
             # Each task runs in a copy of the loop thread's context:
             # current_job() and the ThreadSensitiveContext set in one are not
-            # seen by another.
+            # seen by another. An eager task runs its first step here, before
+            # it is in ``tasks``: ``starting`` names its job meanwhile.
+            self.starting = work
             task = self.loop.create_task(self._one(slot, work, payload))
-            self.tasks[task] = work
+            self.starting = None
+            if not task.done():
+                self.tasks[task] = work
 
     async def _one(self, slot: int, work: UnitOfWork, payload: Payload) -> None:
         try:
@@ -278,7 +291,7 @@ class Coroutines:
     def blocking_job(self) -> UnitOfWork | None:
         """The job whose coroutine runs on the loop now (from another thread)."""
         task = asyncio.current_task(self.loop)
-        return None if task is None else self.tasks.get(task)
+        return None if task is None else self.tasks.get(task, self.starting)
 
     # -- shutdown (G8) ---------------------------------------------------------------
 
