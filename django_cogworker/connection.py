@@ -31,7 +31,7 @@ from django_cogworker import direct, errors, redis_url
 from django_cogworker.backoff import Backoff
 from django_cogworker.conf import Config, get_config
 from django_cogworker.errors import ConfigurationError, RedisUnavailable, is_unavailable
-from django_cogworker.keys import Keys
+from django_cogworker.keys import Keys, keys_of
 
 logger = logging.getLogger("django_cogworker")
 
@@ -58,7 +58,7 @@ def get_redis() -> Client:
 def get_keys() -> Keys:
     config = get_config()
     if not config.sharding:
-        return Keys(config.namespace)
+        return keys_of(config.namespace)
     from django_cogworker.layouts import keys  # loaded under SHARDING only
 
     return keys(config.namespace, config.queue_groups)

@@ -1,12 +1,14 @@
 """Every Redis key name, built from the namespace (SPEC section 4).
 
 No other module formats a key (``layouts.py`` has the sharded layout's).
-``Keys`` is cheap to build and immutable, so callers take one from
-``layouts.keys()`` (cached per namespace).
+``Keys`` is immutable, so callers take one made once per namespace:
+:func:`keys_of` (a ``.delay()`` asks for them), or ``layouts.keys()``
+under ``SHARDING``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -251,3 +253,9 @@ class Keys:
 
     def result(self, jid: str) -> str:
         return self.results_prefix + jid
+
+
+@functools.cache
+def keys_of(namespace: str) -> Keys:
+    """The keys of ``namespace`` without ``SHARDING``, made once."""
+    return Keys(namespace)
