@@ -245,7 +245,7 @@ class Coroutines:
             # with its settlement, from a thread (SPEC section 14).
             work.holds += tuple(running.take_code_holds(work.jid))
         if self.settler.in_memory(work, outcome):
-            self._finished(slot, work, outcome)  # no Redis call: here, without a thread hop
+            self._finished(slot, work, outcome, True)  # no Redis call: here, without a thread hop
         else:
             self._done.put((slot, work, outcome))
 
@@ -256,13 +256,13 @@ class Coroutines:
             done = self._done.get()
             if done is None:
                 return
-            self._finished(*done)
+            self._finished(*done, False)
 
-    def _finished(self, slot: int, work: UnitOfWork, outcome: Outcome) -> None:
+    def _finished(self, slot: int, work: UnitOfWork, outcome: Outcome, owed: bool) -> None:
         """Each end recorded once (``Settler.finished``), then the loop has
         room for one more."""
         try:
-            self.settler.finished(slot, work, outcome)
+            self.settler.finished(slot, work, outcome, owed)
         finally:
             with self._room:
                 self._free.append(slot)
@@ -272,14 +272,16 @@ class Coroutines:
                     self._later.notify()  # a thread whose next fetch brings jobs for the free slots
 
     def room(self, in_transit: int) -> int:
-        """How many more jobs a fetch may bring for the loop: its free
-        slots (less those the threads holding a job wait for, and those
-        ``in_transit``: fetched, or being fetched, and not handed over yet),
-        at most ``FETCH_AHEAD_MIXED`` while plain jobs ran lately, while it
-        has taken a job within ``FETCH_AHEAD_FOR_S``, so that a stream of
-        coroutine jobs costs one call per batch, not one per job; none
-        otherwise, so that a process running plain jobs alone fetches as
-        before."""
+        """How many more jobs a fetch may bring for the loop, so that a
+        stream of coroutine jobs costs one call per batch, not one per job:
+
+        - none unless the loop took a job within ``FETCH_AHEAD_FOR_S`` (a
+          process running plain jobs alone fetches as before);
+        - else its free slots, less those the threads holding a job wait
+          for and those ``in_transit`` (fetched, or being fetched, and not
+          handed over yet);
+        - at most ``FETCH_AHEAD_MIXED`` while plain jobs ran lately.
+        """
         now = time.monotonic()
         if now - self.handed_at > FETCH_AHEAD_FOR_S:
             return 0

@@ -15,20 +15,14 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django_cogworker import lazy
 from django_cogworker.conf import DEFAULT_QUEUE, Config
 from django_cogworker.errors import BadPayload
 from django_cogworker.keys import Keys
 from django_cogworker.limits import state
 from django_cogworker.payload import Payload, parse
 from django_cogworker.scripts import Arg, script
-
-if TYPE_CHECKING:
-    from django_cogworker.limits import sharded
-else:
-    sharded = lazy.Module("django_cogworker.limits.sharded")  # ``freeing`` is under SHARDING only
 
 logger = logging.getLogger("django_cogworker")
 
@@ -197,7 +191,7 @@ def requeue_list(
     reply = script("requeue")(client, script_keys, args)
     if freeing and int(reply[0]) >= 0:
         try:
-            sharded.free_owner(client, keys, identity)
+            state.sharded.free_owner(client, keys, identity)  # ``freeing`` is under SHARDING only
         except Exception as exc:
             logger.warning("could not free the limiter slots of %s yet (%s); the sweep will", identity, exc)
     if holds and int(reply[0]) >= 0:

@@ -66,13 +66,14 @@ class Settler:
 
     # -- one job -----------------------------------------------------------------
 
-    def finished(self, index: int, work: UnitOfWork, outcome: Outcome) -> None:
+    def finished(self, index: int, work: UnitOfWork, outcome: Outcome, owed: bool | None = None) -> None:
         """The one place a job's end is recorded, once per job, by the
         thread ``index`` that ran it: its ack owed to the next fetch, or its
         outcome applied now; then the thread's slot is free. Effects of a
         completion (SPEC sections 13-14: a batch's membership, a limiter's
-        release) belong here."""
-        if self.in_memory(work, outcome):
+        release) belong here. ``owed``: :meth:`in_memory`'s verdict, when
+        the caller has already asked it."""
+        if self.in_memory(work, outcome) if owed is None else owed:
             self.acks.owe(work, outcome.jid)
         elif outcome.kind == execution.WAIT:
             self.wait(work, outcome.waits_for)

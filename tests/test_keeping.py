@@ -311,17 +311,17 @@ def test_a_loop_that_frees_room_wakes_a_holder_per_slot_else_one_thread_at_half_
     holders, fetchers = counting(loop._room), counting(loop._later)
     outcome = Outcome("ack")
     loop._holding = 1
-    loop._finished(slots.pop(), work(b"x"), outcome)
+    loop._finished(slots.pop(), work(b"x"), outcome, True)
     assert (holders, fetchers) == ([1], [])
     loop._holding = 0
     loop._free.pop()  # the holder took it
     for _ in range(size // 2 - 1):
-        loop._finished(slots.pop(), work(b"y"), outcome)
+        loop._finished(slots.pop(), work(b"y"), outcome, True)
     assert (holders, fetchers) == ([1], [])
-    loop._finished(slots.pop(), work(b"y"), outcome)  # the sixth of twelve free
+    loop._finished(slots.pop(), work(b"y"), outcome, True)  # the sixth of twelve free
     assert (holders, fetchers) == ([1], [1])
     for _ in range(size // 2 - 1):
-        loop._finished(slots.pop(), work(b"y"), outcome)
+        loop._finished(slots.pop(), work(b"y"), outcome, True)
     assert (holders, fetchers) == ([1], [1])
 
 

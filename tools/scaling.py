@@ -279,6 +279,14 @@ def _model(label: str, one: list[Run], two: list[Run]) -> None:
     c_r = statistics.median(r.redis_cores / r.per_s * 1e6 for r in one)
     u = statistics.median(r.worker_cores for r in one)
     cores = os.cpu_count() or 1
+    if not (c_w and c_r and u):
+        # A short run (--smoke's 200 jobs) can end between two of the
+        # kernel's CPU ticks: nothing measured, nothing to model from.
+        print(
+            f"\nmodel from '{label}': too little CPU measured "
+            f"(c_w {c_w:.0f} µs, c_r {c_r:.1f} µs, u {u:.2f}); use more --jobs"
+        )
+        return
     measured = statistics.median(r.per_s for r in two)
     shared = min(2 * u * 1e6 / c_w, cores * 1e6 / (c_w + c_r))
     print(
