@@ -212,7 +212,11 @@ class Coroutines:
         # Cleared first: a job handed over after the last pop below wakes
         # the loop again.
         self._woken = False
-        while self._inbox:
+        # The jobs found, not those handed over meanwhile: an eager task runs
+        # here, and the threads hand over more as slots free, so a stream of
+        # jobs that never wait would keep the loop from its other tasks (a
+        # sleep that is over, the lag watch's tick) until it ran dry.
+        for _ in range(len(self._inbox)):
             slot, work, payload = self._inbox.popleft()
             # Each task runs in a copy of the loop thread's context:
             # current_job() and the ThreadSensitiveContext set in one are not
@@ -223,6 +227,9 @@ class Coroutines:
             self.starting = None
             if not task.done():
                 self.tasks[task] = work
+        if self._inbox and not self._woken:
+            self._woken = True  # the threads need not wake the loop: it comes back for them
+            self.loop.call_soon(self._start)
 
     async def _one(self, slot: int, work: UnitOfWork, payload: Payload) -> None:
         try:

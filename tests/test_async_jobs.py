@@ -226,6 +226,29 @@ def test_a_coroutine_blocking_the_loop_is_named_in_a_warning_within_2s(cog):
     assert worker.wait(15) == 0
 
 
+def test_a_stream_of_coroutines_that_never_await_leaves_the_loop_to_its_other_tasks(cog):
+    """On Python 3.12+ a job's coroutine runs at once, up to its first
+    wait, in the loop's call that takes the jobs handed over (eager tasks).
+    The threads keep handing over more meanwhile: the loop takes the jobs
+    it found, then runs its other tasks (a coroutine whose sleep is over,
+    the lag watch's tick), not only once the stream has run dry; no job of
+    the stream is named for blocking the loop, none blocked it for long."""
+    worker = start(cog, CONCURRENCY=2, ASYNC_CONCURRENCY=10)
+    worker.identity()
+    sleeper = async_jobs.asleep.delay(0.2, "awaiting")
+    wait_for(lambda: cog.notes("started"), 20, "the awaiting coroutine to start")
+    stream = async_jobs.ablock.delay_many([((0.004,), {})] * 600)
+    wait_for(lambda: set(ran(cog)) >= {sleeper, *stream}, 90, "every job to run")
+    runs = sorted(n["at"] for n in cog.notes() if n["jid"] != sleeper)
+    [woke] = [n["at"] for n in cog.notes() if n["jid"] == sleeper]
+    before = sum(at < woke for at in runs)
+    print(f"\nthe awaiting coroutine ended after {before} of the stream's {len(runs)} jobs")
+    assert woke < runs[len(runs) // 2]  # 0.2 s into a stream of about 3 s
+    assert "has blocked the event loop" not in worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+
+
 def test_a_stopped_process_is_not_taken_for_a_blocked_loop_when_it_is_continued(cog):
     """SIGSTOP stops the loop's watch too: after SIGCONT, the silence is not
     the loop's, so nothing is named as blocking it (and a stop past
