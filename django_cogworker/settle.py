@@ -73,7 +73,9 @@ class Settler:
         completion (SPEC sections 13-14: a batch's membership, a limiter's
         release) belong here. ``owed``: :meth:`in_memory`'s verdict, when
         the caller has already asked it."""
-        if self.in_memory(work, outcome) if owed is None else owed:
+        if owed is None:
+            owed = self.in_memory(work, outcome)
+        if owed:
             self.acks.owe(work, outcome.jid)
         elif outcome.kind == execution.WAIT:
             self.wait(work, outcome.waits_for)
