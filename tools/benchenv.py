@@ -91,6 +91,28 @@ def python() -> str:
     return sys.executable if _own_python else str(VENV / "bin" / "python")
 
 
+def smoke_skipped(args: argparse.Namespace, tool: str, needed: str) -> bool:
+    """Applies ``--smoke`` to a tool that runs the harness's own workload:
+    200 jobs, once (``args.jobs``, ``args.repeat``). True, once said, when
+    the harness's checkout (``args.bench``) has no ``needed``: the tool
+    then has nothing to run."""
+    if not smoke(args):
+        return False
+    args.jobs, args.repeat = 200, 1
+    if Path(args.bench, needed).exists():
+        return False
+    print(f"{tool}: skipped, no harness at {args.bench} (--bench)")
+    return True
+
+
+def harness_python(tool: str, bench: str) -> str:
+    """``python()``; exits naming ``tool`` when it is not there yet."""
+    found = python()
+    if not os.path.exists(found):
+        sys.exit(f"{tool}: no {found}; run the harness once first ({bench}/run.py --systems cogworker)")
+    return found
+
+
 @dataclass(frozen=True)
 class Project:
     """A tool's temporary project: the harness's interpreter, a

@@ -36,7 +36,6 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -200,21 +199,13 @@ def main() -> None:
     )
     benchenv.add_smoke(parser)
     args = parser.parse_args()
-    if benchenv.smoke(args):
-        args.jobs, args.repeat = 200, 1
-        if not Path(args.bench, "workloads", "cogbench_app").is_dir():
-            # The harness's job and recorder are the workload; without the
-            # harness's checkout there is nothing to run.
-            print(f"scaling: skipped, no harness at {args.bench} (--bench)")
-            return
+    # The harness's job and recorder are the workload.
+    if benchenv.smoke_skipped(args, "scaling", "workloads/cogbench_app"):
+        return
     rows = POLICY_ROWS if args.policy else ROWS
     if args.smoke:
         rows = rows[:2]  # a worker of each command; the settings of the others differ only in CPU_AFFINITY
-    python = benchenv.python()
-    if not os.path.exists(python):
-        sys.exit(
-            f"scaling: no {python}; run the harness once first ({args.bench}/run.py --systems cogworker)"
-        )
+    python = benchenv.harness_python("scaling", args.bench)
     with (
         localredis.running(localredis.server_binary(args.redis_server)) as port,
         tempfile.TemporaryDirectory() as tmp,
