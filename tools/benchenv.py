@@ -116,7 +116,10 @@ def harness_python(tool: str, bench: str) -> str:
 @dataclass(frozen=True)
 class Project:
     """A tool's temporary project: the harness's interpreter, a
-    redis-server of its own, and the environment that runs the tool's app."""
+    redis-server of its own, and the environment that runs the tool's app.
+    Its commands run in ``tmp`` (``cwd``): ``-c`` and ``-m`` put the working
+    directory first on ``sys.path``, where a checkout's ``django_cogworker``
+    would shadow the code the tool was given."""
 
     python: str
     port: int

@@ -148,8 +148,14 @@ def _usage(pid: int) -> tuple[float, int, int]:
 
 def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, out: str) -> Run:
     _cli(port, "FLUSHALL")
-    subprocess.run([python, "-c", ENQUEUE.replace("JOB", job).replace("N)", f"{jobs})")], env=env, check=True)
-    worker = subprocess.Popen([python, "-m", "django", "cogworker"], env=env, stdout=subprocess.DEVNULL)
+    # In tmp: ``-c`` and ``-m`` put the working directory first on sys.path,
+    # where a checkout's django_cogworker would shadow --code.
+    tmp = str(Path(out).parent)
+    enqueue = ENQUEUE.replace("JOB", job).replace("N)", f"{jobs})")
+    subprocess.run([python, "-c", enqueue], env=env, cwd=tmp, check=True)
+    worker = subprocess.Popen(
+        [python, "-m", "django", "cogworker"], env=env, cwd=tmp, stdout=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + DEADLINE_S
         marks = []
@@ -216,9 +222,9 @@ def main() -> None:
             "DRAIN_ASYNC_ROOM_BATCH_SHARE": str(args.room_batch_share or ""),
         }
         calls = str(min(args.jobs, 20_000))
-        alone = float(
-            subprocess.run([python, "-c", ALONE, calls], env=env, check=True, capture_output=True).stdout
-        )
+        alone_argv = [python, "-c", ALONE, calls]
+        looped = subprocess.run(alone_argv, env=env, cwd=tmp, check=True, capture_output=True)
+        alone = float(looped.stdout)
         runs = [_run(python, env, port, job, args.jobs, out) for _ in range(args.repeat)]
     print(f"record() alone, in a loop: {alone * 1e6:.0f} µs")
     print(

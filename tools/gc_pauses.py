@@ -86,7 +86,7 @@ def main() -> None:
     jobs_py = benchenv.NOOP_JOBS_PY
     with benchenv.project("gc_pauses", args.redis_server, "gcapp", jobs_py, str(ROOT)) as project:
         command = [project.python, "-c", WORKER, str(args.jobs), "1" if args.freeze else "0"]
-        subprocess.run(command, env=project.env, check=True)
+        subprocess.run(command, env=project.env, cwd=project.tmp, check=True)
 
 
 if __name__ == "__main__":

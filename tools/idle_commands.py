@@ -48,7 +48,7 @@ def main() -> None:
     cogworker = {"CONCURRENCY": args.concurrency}
     with benchenv.project("idle_commands", args.redis_server, "idleapp", "", str(ROOT), cogworker) as project:
         port, tmp = project.port, project.tmp
-        worker = subprocess.Popen([project.python, "-m", "django", "cogworker"], env=project.env)
+        worker = subprocess.Popen([project.python, "-m", "django", "cogworker"], env=project.env, cwd=tmp)
         try:
             time.sleep(args.settle)
             out = Path(tmp, "monitor.txt")

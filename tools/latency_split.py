@@ -168,7 +168,7 @@ def main() -> None:
         Path(tmp, "stamps.py").write_text(STAMPS_PY)
         out = str(Path(tmp, "stamps.json"))
         command = [project.python, "-c", WORKER, str(args.jobs), ENQUEUER, out]
-        subprocess.run(command, env=project.env, check=True)
+        subprocess.run(command, env=project.env, cwd=project.tmp, check=True)
         stamps = {**json.loads(Path(out).read_text()), **json.loads(Path(out + ".client").read_text())}
     counts = {len(v) for v in stamps.values()}
     if counts != {args.jobs}:
