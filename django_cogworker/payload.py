@@ -19,9 +19,11 @@ stay in progress, and be run again and again (G13).
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from json.encoder import encode_basestring
 from typing import Any
 
 from django_cogworker.errors import BadPayload
@@ -48,10 +50,36 @@ JID_BYTES = 12
 TOO_DEEP = f"nested too deeply to read (more than {MAX_DEPTH} levels of lists and objects)"
 
 _encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+#: json's C encoder (None on a Python without it), which _encoder.encode
+#: makes and calls for each payload.
+_make_encoder: Callable[..., Callable[[Any, int], Sequence[str]]] | None = getattr(
+    json.encoder, "c_make_encoder", None
+)
+
+#: Jids read ahead from the system's random source, JID_POOL at a time:
+#: ``.delay()`` after a pause paid a system call, run cold, for each one.
+#: Forgotten in a forked child, which would otherwise hand out the parent's
+#: next jids again.
+JID_POOL = 256
+_jids: Iterator[str] = iter(())
 
 
 def new_jid() -> str:
-    return secrets.token_hex(JID_BYTES)
+    global _jids
+    # A list's iterator hands each jid out once, whatever the threads.
+    jid = next(_jids, None)
+    if jid is None:
+        _jids = iter(new_jids(JID_POOL))
+        jid = next(_jids)
+    return jid
+
+
+def _forget_jids() -> None:
+    global _jids
+    _jids = iter(())
+
+
+os.register_at_fork(after_in_child=_forget_jids)
 
 
 def new_jids(count: int) -> list[str]:
@@ -66,7 +94,14 @@ def encode(payload: Payload) -> bytes:
     """The payload as JSON in UTF-8, a lone surrogate as its escape. Raises
     ValueError for a number JSON cannot write (``.delay()`` refuses those
     first, naming the argument)."""
-    text = _encoder.encode(payload)
+    if _make_encoder is None:
+        text = _encoder.encode(payload)
+    else:
+        # What _encoder.encode(payload) runs, without its Python steps,
+        # which .delay() runs cold after each pause. A fresh ``markers`` each
+        # time, as there: a reference cycle raises ValueError.
+        make = _make_encoder({}, _encoder.default, encode_basestring, None, ":", ",", False, False, False)
+        text = "".join(make(payload, 0))
     try:
         return text.encode()  # utf8()'s first step, inline: .delay() pays no call more
     except UnicodeEncodeError:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import threading
 import time
+import warnings
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -262,6 +265,63 @@ def test_encode_many_gives_the_bytes_encode_gives_each_payload():
     assert encode_many([]) == []
     with pytest.raises(ValueError):
         encode_many([shared[0], {**shared[0], "created_at": math.nan}])
+
+
+def test_encode_writes_what_json_writes_and_refuses_what_it_refuses():
+    writer = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    payloads: list[dict[Any, Any]] = [
+        {"jid": new_jid(), "args": [1, -2.5, 1e300, True, None], "kwargs": {"t": 'é\u2028"q"\\'}},
+        {"args": [[{"a": [1, {"b": []}]}]], 7: "an int key", "kwargs": {}},
+        {"jid": "x", "args": [], "kwargs": {}, "big": 10**30, "ctl": "\x00\x1f\x7f"},
+    ]
+    for payload in payloads:
+        assert encode(payload) == writer.encode(payload).encode()
+    # A lone surrogate: its escape, as before (the text is not UTF-8).
+    assert encode({"s": "\udcff"}) == b'{"s":"\\udcff"}'
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="Circular reference"):
+        encode({"args": cycle})
+    # The markers of a failed call are not carried into the next one.
+    assert encode({"args": [[1]]}) == b'{"args":[[1]]}'
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        encode({"args": [math.inf]})
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        encode({"args": [object()]})
+
+
+def test_jids_are_unique_across_threads_and_a_forked_child():
+    seen: list[list[str]] = []
+
+    def take() -> None:
+        seen.append([new_jid() for _ in range(1_000)])
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    new_jid()  # the pool holds jids ahead now: a forked child must not hand them out again
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when other tests left threads in this process;
+        # the child only writes to the pipe and exits.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: its next jids to the parent, then gone
+        try:
+            os.write(write, " ".join(new_jid() for _ in range(50)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read().split()
+    os.waitpid(pid, 0)
+    parent = [new_jid() for _ in range(50)]
+    every = [jid for batch in seen for jid in batch] + parent + child
+    assert len(child) == 50
+    assert all(re.fullmatch(r"[0-9a-f]{24}", jid) for jid in every)
+    assert len(set(every)) == len(every)
 
 
 def test_delay_many_with_a_small_chunk_size_and_calls_from_a_generator(cog, monkeypatch):
