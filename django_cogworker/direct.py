@@ -37,7 +37,8 @@ redis-py would have raised. A reply that is an error (OOM, WRONGTYPE,
 READONLY) was read whole, so its connection goes back to the stack and the
 error is raised; after READONLY,
 :func:`django_cogworker.connection.forget_demoted_master` closes the idle
-ones with the pool's (:func:`drop_idle`).
+ones with the pool's (:func:`drop_idle`), and each idle processor thread's
+own (:mod:`django_cogworker.direct_blocking`) before its next ``BLMOVE``.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ _stack: _Stack | None = None
 #: What :func:`call` returns when the caller must send the command the
 #: ordinary way.
 ORDINARY: Any = object()
+
+#: Moved on by :func:`drop_idle`: a connection kept outside the stack
+#: (:mod:`django_cogworker.direct_blocking`'s, one per thread) and made
+#: before it is closed before its next command.
+generation = 0
 
 #: A stack for the clients that may not take this way (not kept).
 _NONE = _Stack(None, usable=False)
@@ -315,7 +321,10 @@ def lpush(client: Any, key: str, value: bytes) -> bool:
 
 def drop_idle() -> None:
     """Closes the idle connections, so that the next ones resolve the
-    client's address again (its server was demoted to a replica)."""
+    client's address again (its server was demoted to a replica); those
+    kept outside the stack, at their next command (:data:`generation`)."""
+    global generation
+    generation += 1
     stack = _stack
     while stack is not None and stack.idle:
         try:

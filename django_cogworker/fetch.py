@@ -29,6 +29,7 @@ import redis
 
 from django_cogworker.acks import Acks, Owed
 from django_cogworker.conf import Config, QueueSpec
+from django_cogworker.direct_blocking import BlockingConnections
 from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable, is_unknown_command
 from django_cogworker.filing import file_job
 from django_cogworker.keys import Keys
@@ -73,6 +74,8 @@ class FetchContext:
     ledger: Ledger
     #: Fresh while the last beat is recent: a reliable fetch waits for it (G18).
     registration: Registration = field(default_factory=Registration)
+    #: Each processor thread's connection for its BLMOVE.
+    blocking: BlockingConnections = field(default_factory=BlockingConnections)
 
 
 class Fetcher:
@@ -268,8 +271,8 @@ class ReliableFetch(Fetcher):
             queue = self.waiters.enter(queues)
             try:
                 sent = time.monotonic()
-                raw = self.client.blmove(
-                    self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S, "RIGHT", "LEFT"
+                raw = self.ctx.blocking.blmove(
+                    self.client, self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S
                 )
             finally:
                 self.waiters.leave(queue)

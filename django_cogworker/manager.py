@@ -203,6 +203,9 @@ class Manager:
         deadline = time.monotonic() + self.shutdown_timeout_s
         # No wait for a stuck thread: it will not finish.
         self.wait_for_processors(deadline, frozenset(index for index, _ in self.stuck_runs()))
+        # The threads that ended closed their own; those of threads still
+        # running (a stuck job, the deadline) close here.
+        self.context.blocking.close_all()
         if self.coroutines is not None:
             self.coroutines.drain(deadline)
         self.stopping.set()

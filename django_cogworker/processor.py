@@ -83,6 +83,14 @@ class Processor:
         self.current: UnitOfWork | None = None
 
     def run(self) -> None:
+        try:
+            self.loop()
+        finally:
+            # Its own connection for BLMOVE, closed when the thread ends, by
+            # a stop or a crash: none is left open behind it.
+            self.crew.fetching.ctx.blocking.close_mine()
+
+    def loop(self) -> None:
         crew = self.crew
         client, revival_check_s = crew.fetching.ctx.client, crew.revival_check_s
         sentinel = is_sentinel(client)

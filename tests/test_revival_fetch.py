@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from django_cogworker.conf import get_config
+from django_cogworker.direct_blocking import BlockingConnections
 from django_cogworker.fetch import BLOCKING_TIMEOUT_S, ReliableFetch
 from django_cogworker.heartbeat import Heartbeat
 from django_cogworker.process import open_process
@@ -148,7 +149,7 @@ def test_g18_jobs_handed_to_a_cut_off_worker_are_not_started_when_the_network_he
 
 @pytest.mark.parametrize(
     ("queues", "owner", "name"),
-    [(["default"], redis.Redis, "blmove"), (["default", "mail"], ReliableFetch, "fetch_script")],
+    [(["default"], BlockingConnections, "blmove"), (["default", "mail"], ReliableFetch, "fetch_script")],
     ids=["blmove", "multi-queue-script"],
 )
 def test_g18_a_fetch_reply_read_after_the_silence_is_not_started(

@@ -13,8 +13,9 @@ with ``time.perf_counter()`` (one clock for every process of the machine):
   (``direct._pack``, just before its bytes are handed to the socket);
 - in the worker (this process: a ``Launcher`` in a thread, with
   ``CPU_AFFINITY`` applied as ``manage.py cogworker`` applies it): when the
-  reliable fetch returns the job (``ReliableFetch.fetch``, after redis-py
-  has read and parsed the ``BLMOVE`` reply), when ``Processor.process`` and
+  reliable fetch returns the job (``ReliableFetch.fetch``, after the
+  ``BLMOVE`` reply was read: on the thread's own connection,
+  ``direct_blocking``, where the fast path is taken), when ``Processor.process`` and
   ``execution.execute`` are entered, and the job function's first line.
 
 The wrappers cost a microsecond or two each, so the total is a little above
@@ -140,7 +141,7 @@ STAGES = [
     ("the client middleware, the transaction check (`client.enqueue`)", "enqueue", "push"),
     ("keys, settings, the registered-queue check (`client._push`)", "push", "call"),
     ("`direct.call` (a connection of its own) until the command is packed", "call", "send"),
-    ("sending, Redis, waking the worker's thread blocked on `BLMOVE`, redis-py's parsing", "send", "fetched"),
+    ("sending, Redis, waking the worker's thread blocked on `BLMOVE`, reading its reply", "send", "fetched"),
     ("the ledger, the processor's checks (G18, G3), decoding the payload", "fetched", "process"),
     ("the ledger's record of the start", "process", "execute"),
     ("`close_old_connections()`, the job's context, the server middleware", "execute", "start"),
