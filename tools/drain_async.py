@@ -14,7 +14,9 @@ code (``--code`` for another checkout), on a redis-server of its own:
   throughput is (n - 1) / (last start - first start), as the harness
   computes it; the worker's CPU and its threads' context switches per job
   over the same span (from ``/proc``), and the jobs per script call
-  Redis ran meanwhile (the fetches, mostly: ``INFO commandstats``);
+  Redis ran meanwhile (the fetches, mostly: ``INFO commandstats``) with
+  Redis's time in each call on average (the jobs' own commands wait
+  behind it);
 - each job times its ``record()`` (``perf_counter`` around the call); the
   last job writes the times to a file, and the tool prints their
   distribution (p10, p50, p90, p99, mean, and the share over 1 ms);
@@ -111,6 +113,9 @@ class Run:
     forced: float
     #: Jobs per script call (the fetches, mostly: EVALSHA and EVAL).
     per_script: float
+    #: Redis's time in a script call, on average (µs): a call holds its
+    #: one thread, and the jobs' own commands wait behind it.
+    script_us: float
 
 
 def _cli(port: int, *args: str) -> str:
@@ -118,12 +123,14 @@ def _cli(port: int, *args: str) -> str:
     return out.stdout.decode().strip()
 
 
-def _script_calls(port: int) -> int:
-    calls = 0
+def _script_calls(port: int) -> tuple[int, int]:
+    """The script calls so far, and Redis's µs in them."""
+    calls = usec = 0
     for line in _cli(port, "INFO", "commandstats").splitlines():
         if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
             calls += int(line.split("calls=", 1)[1].split(",", 1)[0])
-    return calls
+            usec += int(line.split("usec=", 1)[1].split(",", 1)[0])
+    return calls, usec
 
 
 def _usage(pid: int) -> tuple[float, int, int]:
@@ -173,10 +180,11 @@ def _run(python: str, env: dict[str, str], port: int, job: str, jobs: int, out: 
     stamps = sorted(float(x) for x in _cli(port, "LRANGE", "cogbench:done", "0", "-1").split())
     records = sorted(float(x) for x in Path(out).read_text().split())
     os.unlink(out)
-    (n0, c0, s0, f0, e0), (n1, c1, s1, f1, e1) = marks
-    ran = max(n1 - n0, 1)
+    (n0, c0, s0, f0, (e0, u0)), (n1, c1, s1, f1, (e1, u1)) = marks
+    ran, called = max(n1 - n0, 1), max(e1 - e0, 1)
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    return Run(rate, records, (c1 - c0) / ran * 1e6, (s1 - s0) / ran, (f1 - f0) / ran, ran / max(e1 - e0, 1))
+    per_job = ((c1 - c0) / ran * 1e6, (s1 - s0) / ran, (f1 - f0) / ran)
+    return Run(rate, records, *per_job, ran / called, (u1 - u0) / called)
 
 
 def _share(records: list[float], q: float) -> float:
@@ -229,16 +237,18 @@ def main() -> None:
     print(f"record() alone, in a loop: {alone * 1e6:.0f} µs")
     print(
         f"| {args.job} run of {args.jobs:,} | jobs/s | record() in the job, µs: p10, p50, p90, p99, mean "
-        "| over 1 ms | per job: worker CPU µs, context switches (forced) | jobs per script call |"
+        "| over 1 ms | per job: worker CPU µs, context switches (forced) | jobs per script call "
+        "| µs per script call in Redis |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for number, run in enumerate(runs, 1):
         r = run.records
         quantiles = ", ".join(f"{_share(r, q) * 1e6:.0f}" for q in (0.1, 0.5, 0.9, 0.99))
         over = sum(1 for x in r if x > 1e-3) / len(r)
         print(
             f"| {number} | {run.per_s:,.0f} | {quantiles}, {statistics.fmean(r) * 1e6:.0f} | {over:.1%} "
-            f"| {run.cpu_us:.0f}, {run.switches:.1f} ({run.forced:.1f}) | {run.per_script:.1f} |"
+            f"| {run.cpu_us:.0f}, {run.switches:.1f} ({run.forced:.1f}) | {run.per_script:.1f} "
+            f"| {run.script_us:.0f} |"
         )
     if len(runs) > 1:
         print(f"median: {statistics.median(run.per_s for run in runs):,.0f} jobs/s")

@@ -17,7 +17,7 @@
 -- before were not its doing. Only if the job was still ours (G18): a process
 -- revived after its jobs were recovered must not clear the counter of a run
 -- that another process now owns, nor free a slot (recovery freed it).
-if redis.call("LREM", KEYS[1], 1, ARGV[1]) == 0 then
+if redis.call("LREM", KEYS[1], -1, ARGV[1]) == 0 then
   return 0
 end
 redis.pcall("DEL", KEYS[2])
