@@ -104,9 +104,10 @@ _stack: _Stack | None = None
 #: ordinary way.
 ORDINARY: Any = object()
 
-#: Moved on by :func:`drop_idle`: a connection kept outside the stack
-#: (:mod:`django_cogworker.direct_blocking`'s, one per thread) and made
-#: before it is closed before its next command.
+#: Moved on by :func:`drop_idle`. A connection kept outside the stack
+#: (:mod:`django_cogworker.direct_blocking`'s, one per thread) remembers the
+#: generation it was made in, and is closed before its next command once
+#: that is an older one.
 generation = 0
 
 #: A stack for the clients that may not take this way (not kept).

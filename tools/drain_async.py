@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The job, timing its record; the last one writes the times (one per line, in s).
 JOBS_PY = """
 import os
+import threading
 import time
 
 from benchlib.recorder import record
@@ -68,13 +69,18 @@ if SHARE:
 
 TIMES = []
 EXPECTED = int(os.environ["DRAIN_ASYNC_JOBS"])
+#: With --job sync, ten threads append: one of them, the last, writes.
+LOCK = threading.Lock()
 
 
 def timed():
     started = time.perf_counter()
     record()
-    TIMES.append(time.perf_counter() - started)
-    if len(TIMES) == EXPECTED:
+    took = time.perf_counter() - started
+    with LOCK:
+        TIMES.append(took)
+        last = len(TIMES) == EXPECTED
+    if last:
         with open(os.environ["DRAIN_ASYNC_OUT"], "w") as out:
             out.write("\\n".join(map(repr, TIMES)))
 
