@@ -226,10 +226,22 @@ class RedisServer:
             "always",
             *(extra or []),
         ]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def answers(client: redis.Redis) -> bool:
+            # Ours, not another test run's server that took the port first
+            # (ours then exits, unable to bind it).
+            if proc.poll() is not None:
+                raise AssertionError(f"redis-server on port {self.port} exited with status {proc.returncode}")
+            try:
+                # PING: answered once the data is loaded, not before.
+                return int(client.info("server")["process_id"]) == proc.pid and bool(client.ping())
+            except redis.RedisError:
+                return False
+
         try:
             with redis.Redis(port=self.port, socket_timeout=1) as client:
-                wait_for(lambda: _pings(client), 10, "redis-server to start")
+                wait_for(lambda: answers(client), 10, "redis-server to start")
         except BaseException:
             self.stop(signal.SIGKILL)  # not left behind by a failed start
             raise
@@ -238,13 +250,6 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(10)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture(scope="session")
