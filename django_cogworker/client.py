@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db import transaction
 
-from django_cogworker import confirm, direct, middleware
+from django_cogworker import atomic, confirm, direct, middleware
 from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, follow_master, get_keys, get_redis
 from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_boundary
@@ -192,7 +192,7 @@ def deliver(
 def on_commit_or_now(wanted: bool, push_them: Callable[[], None]) -> None:
     """Runs ``push_them`` after the transaction commits (not at all on
     rollback) if ``wanted`` and one is open; otherwise now."""
-    if wanted and transaction.get_connection().in_atomic_block:
+    if wanted and atomic.inside():
         transaction.on_commit(push_them)
     else:
         push_them()

@@ -516,6 +516,49 @@ def test_enqueue_on_commit_false_pushes_at_once(cog, transactional_db):
         assert [p["jid"] for p in queued(cog)] == [jid, *many]
 
 
+def test_each_thread_waits_for_its_own_transaction(cog, transactional_db):
+    """A thread's connection is looked up once (django_cogworker/atomic.py):
+    one thread's answer is never another's."""
+    from django.db import connections
+
+    outside = jobs.record.delay("this thread, no transaction")
+    seen: dict[str, Any] = {}
+
+    def in_a_transaction() -> None:
+        try:
+            with transaction.atomic():
+                seen["jid"] = jobs.record.delay("another thread, in a transaction")
+                seen["queued inside"] = [p["jid"] for p in queued(cog)]
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=in_a_transaction)
+    thread.start()
+    thread.join(30)
+    assert seen["queued inside"] == [outside]
+    assert [p["jid"] for p in queued(cog)] == [outside, seen["jid"]]
+    with transaction.atomic():
+        inside = jobs.record.delay("this thread, in a transaction")
+        assert [p["jid"] for p in queued(cog)] == [outside, seen["jid"]]
+    assert [p["jid"] for p in queued(cog)] == [outside, seen["jid"], inside]
+
+
+def test_under_an_event_loop_the_transaction_is_djangos_answer(cog, transactional_db):
+    """Code under an event loop has a connection of its async context, not
+    the thread's: inside the thread's atomic block, Django says it is in
+    none, and the push goes at once, as before the lookup was kept."""
+    import asyncio
+
+    async def enqueue() -> str | None:
+        return jobs.record.delay("under a loop")
+
+    with transaction.atomic():
+        jobs.record.delay("kept for the commit")  # the thread's connection, looked up
+        jid = asyncio.run(enqueue())
+        assert [p["jid"] for p in queued(cog)] == [jid]
+    assert len(queued(cog)) == 2
+
+
 # -- Redis down -------------------------------------------------------------------
 
 
