@@ -16,7 +16,11 @@ checkout's code, against a redis-server of its own:
 - ``.delay()`` of the harness's no-op job, reply included: what the
   harness's latency counts on the enqueuing side;
 - the same ``.delay()`` right after the raw ``LPUSH``: woken already, its
-  code still cold.
+  code still cold;
+- the on-commit rule's question, whether the thread is in an atomic
+  block: through Django's lookup of the thread's database connection
+  (asgiref's ``Local``), and with the connection kept per thread as
+  ``.delay()`` asks it (``django_cogworker/atomic.py``).
 
 Medians and 90th percentiles, in microseconds. To compare two commits, run
 it from a checkout of each, one after the other.
@@ -39,7 +43,9 @@ COLD = """
 import random, socket, sys, time
 import django
 django.setup()
+from django.db import transaction
 from coldapp.jobs import noop
+from django_cogworker import atomic
 
 calls, port = int(sys.argv[1]), int(sys.argv[2])
 for _ in range(200):
@@ -62,7 +68,18 @@ def small_dict():
     return {"jid": "x", "args": [], "kwargs": {}, "at": time.time()}
 
 
-ways = {"nothing": nothing, "a small dict": small_dict, "raw `LPUSH`": lpush, "`.delay()`": noop.delay}
+def djangos_lookup():
+    return transaction.get_connection().in_atomic_block
+
+
+ways = {
+    "nothing": nothing,
+    "a small dict": small_dict,
+    "raw `LPUSH`": lpush,
+    "`.delay()`": noop.delay,
+    "the transaction check, Django's lookup": djangos_lookup,
+    "the transaction check, the connection kept per thread": atomic.inside,
+}
 samples = {name: [] for name in [*ways, "`.delay()` right after the raw `LPUSH`"]}
 for _ in range(calls):
     for name, way in ways.items():
