@@ -3,9 +3,9 @@ on-commit rule of every push (``ENQUEUE_ON_COMMIT``).
 
 Django keeps a database connection per thread behind asgiref's ``Local``,
 whose lookup tells a synchronous thread from an event loop's by raising
-and catching an exception. Cold, as ``.delay()`` runs after a pause, that
-lookup was a tenth of what the enqueuing side spends before its bytes go
-out (``tools/cold_calls.py``). A synchronous thread's connection is one
+and catching an exception: cold, as ``.delay()`` runs after a pause, it
+takes about twice as long as reading the connection kept
+(``tools/cold_calls.py``). A synchronous thread's connection is one
 object for the thread's life (closing it keeps the object), so it is
 looked up once per thread and kept here. Code running under an event loop
 gets Django's own lookup each time: there, the connection belongs to the
