@@ -4,9 +4,9 @@ The one write path of an enqueue: ``.delay()``, ``delay_many`` and the
 Tasks backend all push through :func:`push` (or :func:`apush` from async
 code), so they register queues, translate errors and release locks alike.
 
-``.delay()`` costs one round trip (SADD the queue name, LPUSH the payload,
-pipelined; with ``ENQUEUE_WAIT_REPLICAS``, the ``WAIT`` of
-:mod:`django_cogworker.confirm` on the same pipeline). A connection error
+``.delay()`` costs one round trip, an LPUSH (and a SADD of the queue name
+before it once a minute; pipelined on redis-py's way, with the ``WAIT`` of
+:mod:`django_cogworker.confirm` under ``ENQUEUE_WAIT_REPLICAS``). A connection error
 is raised to the caller as RedisUnavailable before anything is written
 (SPEC section 8); a pipeline that never reached Redis wrote nothing, and so
 is a failover's READONLY. A refusal (OOM under maxmemory, a key of the
@@ -37,8 +37,7 @@ from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode, encode_many
 
-#: Hook for the testing helpers' inline mode: when set, payloads are handed
-#: to it instead of Redis.
+#: The testing helpers' inline mode: when set, payloads go to it, not to Redis.
 inline_runner: Callable[[Payload], Any] | None = None
 
 #: The batch being built in this context (``workflows/batch.py``): what
@@ -246,10 +245,9 @@ class _CancelledOnFailure:
             self.chain.cancel(payload)
 
 
-#: Queue names this process registered in ``N:queues`` lately (name ->
-#: monotonic time). A ``.delay()`` to such a queue is a bare LPUSH (by
-#: :mod:`django_cogworker.direct` on a plain client); the name is registered
-#: again after QUEUE_REGISTRATION_TTL_S in case the set was lost.
+#: Queue names this process registered in ``N:queues`` lately (-> monotonic
+#: time): a ``.delay()`` to one is a bare LPUSH. Registered again after
+#: QUEUE_REGISTRATION_TTL_S, in case the set was lost.
 _registered: dict[tuple[str, str], float] = {}
 QUEUE_REGISTRATION_TTL_S = 60.0
 
@@ -264,10 +262,15 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
         if at is None and len(payloads) == 1 and also is None and not waiting:
             queue = payloads[0]["queue"]
             seen = _registered.get((k.namespace, queue))
-            if seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S:
+            fresh = seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S
+            # Registered on the LPUSH's own connection too (not sharded), so
+            # a process that only enqueues needs no connection of the pool's.
+            if fresh or (not k.sharded and direct.sadd(client, k.queues, queue)):
                 key, raw = k.queue(queue), encode(payloads[0])
                 if not direct.lpush(client, key, raw):
                     client.lpush(key, raw)
+                if not fresh:
+                    _registered_now(k, payloads, at)
                 return
         if apart := _register_apart(k, payloads, also):
             client.sadd(k.queues, *apart)

@@ -320,6 +320,11 @@ def lpush(client: Any, key: str, value: bytes) -> bool:
     return call(client, "LPUSH", key, value) is not ORDINARY
 
 
+def sadd(client: Any, key: str, member: str) -> bool:
+    """SADDs ``member`` to ``key`` as above; False as :func:`lpush`."""
+    return call(client, "SADD", key, member) is not ORDINARY
+
+
 def drop_idle() -> None:
     """Closes the idle connections, so that the next ones resolve the
     client's address again (its server was demoted to a replica); those

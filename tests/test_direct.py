@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_cogworker import connection, direct
+from django_cogworker import client, connection, direct
 from django_cogworker.errors import EnqueueRefused, RedisUnavailable
 from django_cogworker.scripts import script
 from testproject.testapp import jobs
@@ -51,7 +51,7 @@ def stack_of(cog: CogEnv) -> Any:
 
 
 def test_a_delay_to_a_registered_queue_goes_on_one_connection_of_its_own_again(plain: CogEnv) -> None:
-    jobs.record.delay(0)  # registers the queue: a pipeline on the client's pool
+    jobs.record.delay(0)  # registers the queue: a SADD first, on the same connection
     jobs.record.delay(1)
     before = clients(plain)
     for tag in range(2, 12):
@@ -61,6 +61,23 @@ def test_a_delay_to_a_registered_queue_goes_on_one_connection_of_its_own_again(p
     stack = stack_of(plain)
     assert stack.usable and len(stack.idle) == 1
     assert stack.idle[0] not in connection.get_redis().connection_pool._available_connections
+
+
+def test_a_process_that_only_enqueues_holds_one_connection_registration_included(plain: CogEnv) -> None:
+    before = clients(plain)
+    for tag in range(3):
+        jobs.record.delay(tag)  # the first registers the queue
+    assert tags(plain) == [0, 1, 2]
+    assert plain.redis.smembers(plain.key("queues")) == {b"default"}
+    assert clients(plain) == before + 1
+    # Registered again once QUEUE_REGISTRATION_TTL_S has passed: on the same connection.
+    plain.redis.delete(plain.key("queues"))
+    for name in list(client._registered):
+        client._registered[name] -= client.QUEUE_REGISTRATION_TTL_S + 1
+    jobs.record.delay(3)
+    assert plain.redis.smembers(plain.key("queues")) == {b"default"}
+    assert tags(plain) == [0, 1, 2, 3]
+    assert clients(plain) == before + 1
 
 
 def test_a_killed_connection_costs_no_job_and_pushes_no_second_copy(plain: CogEnv) -> None:
