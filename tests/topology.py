@@ -73,10 +73,13 @@ def _bindable(port: int) -> bool:
 
 
 def _ports(count: int, *, bus: bool = False) -> list[int]:
-    """Distinct free ports; with ``bus``, port + 10000 (the cluster bus) is free too, below 32768."""
+    """Distinct free ports; with ``bus``, port + 10000 (the cluster bus) is free too. A
+    cluster's ports are below 16000 and its buses from 20000 (below the
+    system's ephemeral ports, from 32768): a node's port is never the bus
+    of a cluster another test process starts at the same moment."""
     ports: list[int] = []
     while len(ports) < count:
-        port = random.randrange(10000, 22000) if bus else free_port()
+        port = random.randrange(10000, 16000) if bus else free_port()
         if port not in ports and (not bus or (_bindable(port) and _bindable(port + 10000))):
             ports.append(port)
     return ports
