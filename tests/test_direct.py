@@ -72,8 +72,8 @@ def test_a_process_that_only_enqueues_holds_one_connection_registration_included
     assert clients(plain) == before + 1
     # Registered again once QUEUE_REGISTRATION_TTL_S has passed: on the same connection.
     plain.redis.delete(plain.key("queues"))
-    for name in list(client._registered):
-        client._registered[name] -= client.QUEUE_REGISTRATION_TTL_S + 1
+    mine = (connection.get_keys().namespace, "default")
+    client._registered[mine] -= client.QUEUE_REGISTRATION_TTL_S + 1
     jobs.record.delay(3)
     assert plain.redis.smembers(plain.key("queues")) == {b"default"}
     assert tags(plain) == [0, 1, 2, 3]

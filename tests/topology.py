@@ -76,7 +76,8 @@ def _ports(count: int, *, bus: bool = False) -> list[int]:
     """Distinct free ports; with ``bus``, port + 10000 (the cluster bus) is free too. A
     cluster's ports are below 16000 and its buses from 20000 (below the
     system's ephemeral ports, from 32768): a node's port is never the bus
-    of a cluster another test process starts at the same moment."""
+    of another node, of its own cluster or of one another test process
+    starts at the same moment (each is checked free before any binds)."""
     ports: list[int] = []
     while len(ports) < count:
         port = random.randrange(10000, 16000) if bus else free_port()
