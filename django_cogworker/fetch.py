@@ -37,15 +37,15 @@ from django_cogworker.ledger import Ledger, Slots
 from django_cogworker.process import Registration
 from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
-from django_cogworker.waiting import Backoff, Idle, Waiters, wait_s
+from django_cogworker.waiting import Backoff, Idle, Waiters
 from django_cogworker.work import UnitOfWork
 
 if TYPE_CHECKING:
     from django_cogworker.connection import Client
 
-#: How long one blocking fetch waits on the server at most (``wait_s``).
-#: Bounds how long a blocked thread takes to notice quiet or shutdown (a
-#: job it receives then is given back).
+#: How long one blocking fetch waits on the server. Bounds how long a
+#: blocked thread takes to notice quiet or shutdown (a job it receives then
+#: is given back).
 BLOCKING_TIMEOUT_S = 1.0
 
 #: A full Redis refuses BLMOVE (it may grow memory): an idle thread then
@@ -272,7 +272,7 @@ class ReliableFetch(Fetcher):
             try:
                 sent = time.monotonic()
                 raw = self.ctx.blocking.blmove(
-                    self.client, self.keys.queue(queue), self.inprogress, wait_s(BLOCKING_TIMEOUT_S)
+                    self.client, self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S
                 )
             finally:
                 self.waiters.leave(queue)

@@ -9,8 +9,7 @@ a tie. With at least as many
 idle threads as queues, every queue has a thread blocked on it and nothing
 polls; with fewer, the queues left without one are looked at by the fetch
 script that a thread runs, in order, each time its wait ends (one wait,
-1 s at most, between two looks; each drawn, :func:`wait_s`). And pause a
-thread that has to poll: a
+1 s, at most between two looks). And pause a thread that has to poll: a
 full Redis refuses ``BLMOVE`` (it may grow memory), and a broken queue
 cannot be waited on. And know, per thread, whether its next fetch blocks
 (:class:`Idle`).
@@ -27,19 +26,6 @@ from django_cogworker.conf import QueueSpec
 
 #: First pause of a polling thread.
 FIRST_PAUSE_S = 0.25
-
-#: The shortest of a thread's waits on the server, as a share of the longest.
-SHORTEST_WAIT_SHARE = 0.75
-
-
-def wait_s(longest_s: float) -> float:
-    """How long one blocking fetch waits on the server: drawn between
-    ``SHORTEST_WAIT_SHARE`` of ``longest_s`` and ``longest_s``, to the
-    millisecond. A process's threads go idle together (a batch drained);
-    waits of one length would end together, every second, each thread
-    woken and taking the GIL at once while a job that just came in waits
-    for it. Drawn, they end apart within a few waits."""
-    return round(longest_s * random.uniform(SHORTEST_WAIT_SHARE, 1.0), 3)
 
 
 class Idle(threading.local):
