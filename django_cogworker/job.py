@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
-from django_cogworker import client, expiry
+from django_cogworker import client, collector, expiry
 from django_cogworker.conf import DEFAULT_QUEUE
 from django_cogworker.connection import get_redis
 from django_cogworker.errors import EnqueueRefused, redis_boundary
@@ -272,8 +272,11 @@ class Job:
     ) -> list[str]:
         """Enqueue many calls, pipelined in chunks; returns their jids.
 
-        Every call's arguments are checked before anything is pushed."""
-        return client.enqueue_many(self.many_payloads(calls), chunk_size=chunk_size)
+        Every call's arguments are checked before anything is pushed. The
+        cyclic garbage collector waits for the end of the call
+        (``collector.held_off``)."""
+        with collector.held_off():
+            return client.enqueue_many(self.many_payloads(calls), chunk_size=chunk_size)
 
     def many_payloads(self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]) -> list[Payload]:
         """The checked payloads of ``delay_many``'s calls, one deadline for all."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -340,6 +341,51 @@ def test_delay_many_checks_every_call_before_pushing_any(cog, monkeypatch):
         jobs.record.delay_many(calls)
     assert rounds == []
     assert namespace_keys(cog) == []
+
+
+def test_delay_many_runs_no_collection_of_the_cyclic_collector_and_leaves_it_as_it_found_it(cog):
+    """Thousands of payload dicts survive the young collections and set off
+    a full one, which walks the whole process: not during the call."""
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    calls = [((i,), {}) for i in range(3000)]
+    bulk = jobs.record.set(queue="bulk")
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(seen)
+    gc.set_threshold(50, 2, 2)  # a collection every few dozen dicts, a full one soon after
+    try:
+        gc.collect()  # the young generation empty: the call starts with room for 50 allocations
+        collections.clear()
+        bulk.delay_many(calls)
+        # At most one young collection, as the collector comes back on at
+        # the end (the payloads freed by then); over a hundred with it on.
+        assert collections in ([], [0])
+        assert gc.isenabled()
+        # Bad arguments raise before anything is pushed, the collector back on.
+        gc.collect()
+        collections.clear()
+        with pytest.raises(TypeError):
+            jobs.record.delay_many([*calls, ((object(),), {})])
+        assert gc.isenabled()
+        assert collections in ([], [0])
+        # One the caller turned off stays off.
+        gc.disable()
+        bulk.delay_many(calls[:10])
+        assert not gc.isenabled()
+        gc.enable()
+        # Outside the call, the same thresholds collect: the test can see them.
+        garbage = [[] for _ in range(500)]
+        del garbage
+        assert collections
+    finally:
+        gc.enable()
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(seen)
+    assert cog.redis.llen(cog.key("queue:bulk")) == 3010
 
 
 # -- bad arguments ----------------------------------------------------------------
