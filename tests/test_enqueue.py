@@ -356,7 +356,7 @@ def test_delay_many_runs_no_collection_of_the_cyclic_collector_and_leaves_it_as_
     bulk = jobs.record.set(queue="bulk")
     thresholds = gc.get_threshold()
     gc.callbacks.append(seen)
-    gc.set_threshold(50, 2, 2)  # a collection every few dozen dicts, a full one soon after
+    gc.set_threshold(50, 2, 2)  # a young collection every 50 allocations, older ones soon after
     try:
         gc.collect()  # the young generation empty: the call starts with room for 50 allocations
         collections.clear()
@@ -378,6 +378,7 @@ def test_delay_many_runs_no_collection_of_the_cyclic_collector_and_leaves_it_as_
         assert not gc.isenabled()
         gc.enable()
         # Outside the call, the same thresholds collect: the test can see them.
+        collections.clear()
         garbage = [[] for _ in range(500)]
         del garbage
         assert collections
