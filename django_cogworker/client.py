@@ -23,7 +23,6 @@ the payload is released.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -31,11 +30,13 @@ from typing import Any
 from django.db import transaction
 
 from django_cogworker import atomic, confirm, direct, middleware
+from django_cogworker.bulk import Encoded, encode_many
 from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, follow_master, get_keys, get_redis
 from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_boundary
+from django_cogworker.installed import NotInstalledWarning, warn_if_not_installed  # noqa: F401 (re-exported)
 from django_cogworker.keys import Keys
-from django_cogworker.payload import Payload, encode, encode_many
+from django_cogworker.payload import Payload, encode
 
 #: The testing helpers' inline mode: when set, payloads go to it, not to Redis.
 inline_runner: Callable[[Payload], Any] | None = None
@@ -64,21 +65,26 @@ def enqueue(payload: Payload, at: float | None = None) -> str | None:
     return str(ready["jid"])
 
 
-def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000) -> list[str]:
-    """Pushes the payloads the client chain accepts; returns their jids."""
+def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000, alike: bool = False) -> list[str]:
+    """Pushes the payloads the client chain accepts; returns their jids.
+    ``alike``: they are ``Job.many_payloads``'s, which a chain that passes
+    them unchanged lets through untouched, encoded together
+    (:mod:`django_cogworker.bulk`)."""
     chain = middleware.client_chain()
-    payloads = [ready for ready in (chain.run(p) for p in payloads) if ready is not None]
+    alike = alike and bool(payloads) and chain.passes_unchanged(payloads[0])
+    if not alike:
+        payloads = [ready for ready in (chain.run(p) for p in payloads) if ready is not None]
     jids = [str(p["jid"]) for p in payloads]
     sink = collecting.get()
     if sink is not None:
         sink(chain, payloads, None)
         return jids
     unconfirmed: list[EnqueueNotReplicated] = []
+    on_commit = get_config().enqueue_on_commit
     for start in range(0, len(payloads), chunk_size):
+        chunk = payloads[start : start + chunk_size]
         try:
-            deliver(
-                chain, payloads[start : start + chunk_size], None, on_commit=get_config().enqueue_on_commit
-            )
+            deliver(chain, Encoded(chunk) if alike else chunk, None, on_commit=on_commit)
         except EnqueueNotReplicated as exc:
             unconfirmed.append(exc)  # pushed: the next chunks go on, and one error names them all
     _raise_unconfirmed(unconfirmed, len(jids))
@@ -120,32 +126,6 @@ def _raise_unconfirmed(unconfirmed: list[EnqueueNotReplicated], total: int) -> N
     if unconfirmed:
         names = [jid for exc in unconfirmed for jid in exc.jids]
         raise EnqueueNotReplicated(f"{len(names)} of {total} jobs: {unconfirmed[0]}", names)
-
-
-class NotInstalledWarning(RuntimeWarning):
-    """Jobs are enqueued by a project whose INSTALLED_APPS lacks the app."""
-
-
-_installed_checked = False
-
-
-def warn_if_not_installed() -> None:
-    """Warns once per process when ``django_cogworker`` is not in
-    INSTALLED_APPS: ``.delay()`` still enqueues, but ``manage.py cogworker``
-    does not exist there, and nothing would ever run the jobs."""
-    global _installed_checked
-    if _installed_checked:
-        return
-    _installed_checked = True
-    from django.apps import apps
-
-    if apps.ready and not apps.is_installed("django_cogworker"):
-        warnings.warn(
-            "jobs are being enqueued, but 'django_cogworker' is not in INSTALLED_APPS: add it there, or "
-            "'manage.py cogworker' does not exist and the checks and the admin pages are missing",
-            NotInstalledWarning,
-            stacklevel=4,
-        )
 
 
 def inline_mode() -> bool:
@@ -259,16 +239,26 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
     with redis_boundary("enqueue", refused=EnqueueRefused):
         client = get_redis()
         follow_master(client)
-        if at is None and len(payloads) == 1 and also is None and not waiting:
+        if (
+            at is None
+            and (len(payloads) == 1 or isinstance(payloads, Encoded))
+            and also is None
+            and not waiting
+        ):
             queue = payloads[0]["queue"]
             seen = _registered.get((k.namespace, queue))
             fresh = seen is not None and time.monotonic() - seen < QUEUE_REGISTRATION_TTL_S
             # Registered on the LPUSH's own connection too (not sharded), so
             # a process that only enqueues needs no connection of the pool's.
             if fresh or (not k.sharded and direct.sadd(client, k.queues, queue)):
-                key, raw = k.queue(queue), encode(payloads[0])
-                if not direct.lpush(client, key, raw):
-                    client.lpush(key, raw)
+                key = k.queue(queue)
+                if isinstance(payloads, Encoded):
+                    if direct.call(client, "LPUSH", key, *payloads.raws) is direct.ORDINARY:
+                        client.lpush(key, *payloads.raws)
+                else:
+                    raw = encode(payloads[0])
+                    if not direct.lpush(client, key, raw):
+                        client.lpush(key, raw)
                 if not fresh:
                     _registered_now(k, payloads, at)
                 return
@@ -312,7 +302,7 @@ def _queue_writes(
         also(pipe)
     if at is not None:
         by_set: dict[str, dict[bytes, float]] = {}
-        for p, raw in zip(payloads, encode_many(payloads), strict=True):
+        for p, raw in zip(payloads, _raws(payloads), strict=True):
             by_set.setdefault(k.for_payload(p).schedule, {})[raw] = at
         for zset, entries in by_set.items():
             pipe.zadd(zset, entries)
@@ -322,13 +312,17 @@ def _queue_writes(
             pipe.sadd(k.queues, *{p["queue"] for p in payloads})
         return list(by_set)
     by_queue: dict[str, list[bytes]] = {}
-    for p, raw in zip(payloads, encode_many(payloads), strict=True):
+    for p, raw in zip(payloads, _raws(payloads), strict=True):
         by_queue.setdefault(p["queue"], []).append(raw)
     for queue, raws in by_queue.items():
         if not _apart(k, also):
             pipe.sadd(k.queues, queue)
         pipe.lpush(k.queue(queue), *raws)
     return [k.queue(queue) for queue in by_queue]
+
+
+def _raws(payloads: list[Payload]) -> list[bytes]:
+    return payloads.raws if isinstance(payloads, Encoded) else encode_many(payloads)
 
 
 def _apart(k: Keys, also: Also | None) -> bool:

@@ -270,22 +270,33 @@ class Job:
     def delay_many(
         self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], *, chunk_size: int = 1000
     ) -> list[str]:
-        """Enqueue many calls, pipelined in chunks; returns their jids.
+        """Enqueue many calls, pushed in chunks; returns their jids.
 
         Every call's arguments are checked before anything is pushed. The
         cyclic garbage collector waits for the end of the call
         (``collector.held_off``)."""
         with collector.held_off():
-            return client.enqueue_many(self.many_payloads(calls), chunk_size=chunk_size)
+            return client.enqueue_many(self.many_payloads(calls), chunk_size=chunk_size, alike=True)
 
     def many_payloads(self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]) -> list[Payload]:
-        """The checked payloads of ``delay_many``'s calls, one deadline for all."""
+        """The checked payloads of ``delay_many``'s calls, one deadline for
+        all: :meth:`payload`'s, whose fields past ``kwargs`` are the very
+        same objects in all of them (``bulk.encode_alike``)."""
         now = time.time()
         calls = list(calls)
+        if not calls:
+            return []
         jids = new_jids(len(calls))
-        payloads = [self.checked_payload(a, kw, now, jid) for (a, kw), jid in zip(calls, jids, strict=True)]
-        if self.expires is not None and payloads:
-            at = self.expiring(payloads[0], now)[expiry.FIELD]
+        first = self.checked_payload(*calls[0], now, jids[0])
+        rest = dict(list(first.items())[4:])
+        name, check_call, payloads = self.name, self.check_call, [first]
+        for (args, kwargs), jid in zip(calls[1:], jids[1:], strict=True):
+            check_arguments(name, args, kwargs)
+            check_shape(name, args, kwargs)
+            check_call(args, kwargs)
+            payloads.append({"jid": jid, "job": name, "args": list(args), "kwargs": kwargs, **rest})
+        if self.expires is not None:
+            at = self.expiring(first, now)[expiry.FIELD]
             for payload in payloads:
                 payload[expiry.FIELD] = at
         return payloads

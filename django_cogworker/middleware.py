@@ -82,6 +82,13 @@ class ClientMiddleware:
         """A payload this middleware let through will not be pushed after all
         (a later middleware refused it, or the push failed)."""
 
+    def passes_unchanged(self, payload: Payload) -> bool:
+        """Whether :meth:`enqueue` returns every payload of this one's job
+        as it is, unchanged and never refused. When every middleware of
+        the chain says so, ``delay_many`` skips the chain and encodes its
+        payloads together. False unless a subclass knows better."""
+        return False
+
 
 class ServerMiddleware:
     """Runs in the worker, in the job's thread and context (``current_job()``).
@@ -122,6 +129,11 @@ class ClientChain:
     def cancel(self, payload: Payload) -> None:
         """Undo a whole run: its payload will not be pushed after all."""
         _cancel(list(self.items), payload)
+
+    def passes_unchanged(self, payload: Payload) -> bool:
+        """Whether :meth:`run` returns every payload of this one's job as
+        it is (``ClientMiddleware.passes_unchanged``)."""
+        return all(item.passes_unchanged(payload) for item in self.items)
 
 
 #: A server middleware with its async forms (``abefore``, ``aafter``), None where it has none.

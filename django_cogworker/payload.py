@@ -126,41 +126,6 @@ def encode_stored(payload: Payload) -> bytes:
         return utf8(_NON_FINITE.sub(lambda m: _AS_JSON.get(m.group(0), m.group(0)), loose))
 
 
-#: The first keys of a payload that :func:`payload` builds, in order.
-_HEAD = ["jid", "job", "args", "kwargs"]
-
-
-def encode_many(payloads: Iterable[Payload]) -> list[bytes]:
-    """``[encode(p) for p in payloads]``, the same bytes, sooner for what
-    ``delay_many`` makes: payloads whose fields past ``jid``, ``job``,
-    ``args`` and ``kwargs`` are the very same objects (its ``now``, the
-    job's queue and retry) share their encoding."""
-    out, shared, text = [], None, ""
-    for payload in payloads:
-        items = list(payload.items())
-        head, rest = items[:4], items[4:]
-        jid = payload.get("jid")
-        if [key for key, _ in head] != _HEAD or not (type(jid) is str and jid.isascii() and jid.isalnum()):
-            out.append(encode(payload))
-            continue
-        ids = [id(part) for pair in items[1:2] + rest for part in pair]
-        if ids != shared:
-            if not all(type(key) is str for key, _ in rest):
-                out.append(encode(payload))
-                continue
-            shared, job = ids, _encoder.encode(head[1][1])
-            text = "".join(f",{_encoder.encode(key)}:{_encoder.encode(value)}" for key, value in rest)
-        args, kwargs = head[2][1], head[3][1]
-        args_text = "[]" if type(args) is list and not args else _encoder.encode(args)
-        kwargs_text = "{}" if type(kwargs) is dict and not kwargs else _encoder.encode(kwargs)
-        whole = f'{{"jid":"{jid}","job":{job},"args":{args_text},"kwargs":{kwargs_text}{text}}}'
-        try:
-            out.append(whole.encode())
-        except UnicodeEncodeError:
-            out.append(utf8(whole))
-    return out
-
-
 def check_arguments(job_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raises TypeError naming the first argument that JSON cannot carry, or
     that is nested deeper than ``MAX_ARGUMENT_DEPTH``."""

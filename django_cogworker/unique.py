@@ -84,6 +84,9 @@ class UniqueClientMiddleware(ClientMiddleware):
     def cancel(self, payload: Payload) -> None:
         release(payload)
 
+    def passes_unchanged(self, payload: Payload) -> bool:
+        return payload.get("unique_for") is None  # as enqueue() reads it
+
 
 class UniqueServerMiddleware(ServerMiddleware):
     def before(self, payload: Payload) -> None:

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -18,8 +19,9 @@ import redis
 from django.db import transaction
 
 from django_cogworker import job, registry
+from django_cogworker.bulk import encode_many
 from django_cogworker.errors import CogworkerError, EnqueueRefused, RedisUnavailable
-from django_cogworker.payload import encode, encode_many, new_jid
+from django_cogworker.payload import encode, new_jid
 from testproject.demo import jobs as demo_jobs
 from testproject.testapp import jobs
 from tests.conftest import free_port
@@ -202,25 +204,22 @@ def test_a_call_shape_the_signature_took_once_does_not_let_another_through(cog):
 # -- .delay_many() ----------------------------------------------------------------
 
 
-def count_pipeline_executions(monkeypatch) -> list[int]:
-    """Counts pipeline round trips (each still goes to the real server)."""
-    sizes: list[int] = []
-    real = redis.client.Pipeline.execute
+def lpush_count(cog) -> Callable[[], int]:
+    """The server's LPUSH commands since the call: one per chunk of ``delay_many``."""
 
-    def execute(self, *args, **kwargs):
-        sizes.append(len(self.command_stack))
-        return real(self, *args, **kwargs)
+    def calls() -> int:
+        return int(cog.redis.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
 
-    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
-    return sizes
+    start = calls()
+    return lambda: calls() - start
 
 
-def test_delay_many_pipelines_in_chunks_and_returns_every_jid(cog, monkeypatch):
-    rounds = count_pipeline_executions(monkeypatch)
+def test_delay_many_pushes_in_chunks_and_returns_every_jid(cog):
+    pushes = lpush_count(cog)
     calls = [((i,), {}) for i in range(2499)] + [((), {"tag": "last"})]
     jids = jobs.record.delay_many(calls)
 
-    assert len(rounds) == 3  # 2500 calls, chunks of 1000: three round trips
+    assert pushes() == 3  # 2500 calls, chunks of 1000: three pushes
     assert len(jids) == 2500 and len(set(jids)) == 2500
     # As .delay() makes them: 12 random bytes in hex (delay_many reads them in one go).
     assert all(re.fullmatch("[0-9a-f]{24}", jid) for jid in [*jids, jobs.record.delay()])
@@ -229,6 +228,24 @@ def test_delay_many_pipelines_in_chunks_and_returns_every_jid(cog, monkeypatch):
     assert [p["args"] for p in payloads[:3]] == [[0], [1], [2]]
     assert (payloads[-1]["args"], payloads[-1]["kwargs"]) == ([], {"tag": "last"})
     assert all(set(p) == PAYLOAD_KEYS for p in payloads)
+
+
+def test_delay_many_pushes_for_each_call_the_bytes_encode_writes_for_its_payload(cog):
+    """Its payloads pass the built-in chain unchanged and are encoded
+    together (``bulk.encode_alike``): byte for byte what ``encode`` writes
+    for the payload ``.delay()`` would make of each call."""
+    made = jobs.record.set(queue="bulk", retry=3, dead=False, timeout=5.0, expires_in=60)
+    tags = [None, 1, 3.5, "\ud800 a lone surrogate", 'é\u2028"q"', [{"a": [1]}], {"nested": {"x": None}}]
+    calls = [((tag,), {}) for tag in tags] + [((), {"tag": tag}) for tag in tags] + [((), {})]
+    jids = made.delay_many(calls)
+
+    raws = list(reversed(cog.redis.lrange(cog.key("queue:bulk"), 0, -1)))
+    assert len(raws) == len(calls) == len(jids)
+    for raw, jid, (args, kwargs) in zip(raws, jids, calls, strict=True):
+        read = json.loads(raw)
+        made_alone = made.payload(args, kwargs, read["created_at"], jid)
+        assert raw == encode({**made_alone, "expires_at": read["expires_at"]})
+    assert len({json.loads(raw)["expires_at"] for raw in raws}) == 1  # one deadline for all
 
 
 def test_encode_many_gives_the_bytes_encode_gives_each_payload():
@@ -325,21 +342,21 @@ def test_jids_are_unique_across_threads_and_a_forked_child():
     assert len(set(every)) == len(every)
 
 
-def test_delay_many_with_a_small_chunk_size_and_calls_from_a_generator(cog, monkeypatch):
-    rounds = count_pipeline_executions(monkeypatch)
+def test_delay_many_with_a_small_chunk_size_and_calls_from_a_generator(cog):
+    pushes = lpush_count(cog)
     jids = jobs.record.set(queue="bulk").delay_many((((i,), {}) for i in range(25)), chunk_size=10)
-    assert len(rounds) == 3
+    assert pushes() == 3
     assert [p["jid"] for p in queued(cog, "bulk")] == jids
     assert cog.redis.smembers(cog.key("queues")) == {b"bulk"}
 
 
-def test_delay_many_checks_every_call_before_pushing_any(cog, monkeypatch):
-    rounds = count_pipeline_executions(monkeypatch)
+def test_delay_many_checks_every_call_before_pushing_any(cog):
+    pushes = lpush_count(cog)
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((i,), {}) for i in range(4)]
     calls += [((object(),), {})] + [((i,), {}) for i in range(5, 1500)]
     with pytest.raises(TypeError, match=r"^positional argument 0 of job .*record' is not JSON-serialisable"):
         jobs.record.delay_many(calls)
-    assert rounds == []
+    assert pushes() == 0
     assert namespace_keys(cog) == []
 
 
@@ -685,9 +702,9 @@ def test_redis_refusing_the_push_raises_enqueue_refused_naming_the_reason(cog):
 
 
 def test_enqueueing_without_the_app_installed_warns_once_naming_the_setting(cog, settings, monkeypatch):
-    from django_cogworker import client
+    from django_cogworker import client, installed
 
-    monkeypatch.setattr(client, "_installed_checked", False)
+    monkeypatch.setattr(installed, "_installed_checked", False)
     settings.INSTALLED_APPS = [a for a in settings.INSTALLED_APPS if a != "django_cogworker"]
     with pytest.warns(client.NotInstalledWarning, match="'django_cogworker' is not in INSTALLED_APPS"):
         jobs.record.delay("one")

@@ -180,6 +180,15 @@ def test_delay_many_returns_only_the_jids_pushed(cog):
     assert [(p["jid"], p["args"]) for p in queued(cog)] == [(jids[0], ["a"]), (jids[1], ["b"])]
 
 
+def test_delay_many_passes_every_payload_through_the_client_chain(cog):
+    cog.configure(MIDDLEWARE={"client": [f"{HERE}.First", f"{HERE}.Second"], "server": []})
+    jids = jobs.record.delay_many([(("a",), {}), (("b",), {})])
+    assert [(p["jid"], p["args"], p["order"]) for p in queued(cog)] == [
+        (jids[0], ["a"], ["First", "Second"]),
+        (jids[1], ["b"], ["First", "Second"]),
+    ]
+
+
 def test_inline_mode_runs_the_client_chain_too(cog):
     cog.configure(MIDDLEWARE={"client": [f"{HERE}.Refuse"], "server": []})
     with testing.inline() as result:
