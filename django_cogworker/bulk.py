@@ -38,6 +38,11 @@ class Encoded(list[Payload]):
         self.queue = str(payloads[0]["queue"])
 
 
+def bytes_of(payloads: list[Payload]) -> list[bytes]:
+    """The payloads' bytes: those an :class:`Encoded` carries, else :func:`encode_many`'s."""
+    return payloads.raws if isinstance(payloads, Encoded) else encode_many(payloads)
+
+
 def encode_many(payloads: Iterable[Payload]) -> list[bytes]:
     """``[encode(p) for p in payloads]``, the same bytes, sooner for
     payloads whose fields past the head are the very same objects."""

@@ -30,7 +30,7 @@ from typing import Any
 from django.db import transaction
 
 from django_cogworker import atomic, confirm, direct, middleware
-from django_cogworker.bulk import Encoded, encode_many
+from django_cogworker.bulk import Encoded, bytes_of
 from django_cogworker.conf import get_config
 from django_cogworker.connection import async_redis, follow_master, get_keys, get_redis
 from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_boundary
@@ -66,14 +66,10 @@ def enqueue(payload: Payload, at: float | None = None) -> str | None:
 
 
 def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000, alike: bool = False) -> list[str]:
-    """Pushes the payloads the client chain accepts; returns their jids.
-    ``alike``: they are ``Job.many_payloads``'s, which a chain that passes
-    them unchanged lets through untouched, encoded together
-    (:mod:`django_cogworker.bulk`)."""
+    """Pushes the payloads the client chain accepts (``alike``: see
+    :func:`_accepted`); returns their jids."""
     chain = middleware.client_chain()
-    alike = alike and bool(payloads) and chain.passes_unchanged(payloads[0])
-    if not alike:
-        payloads = [ready for ready in (chain.run(p) for p in payloads) if ready is not None]
+    payloads, alike = _accepted(chain, payloads, None, alike)
     jids = [str(p["jid"]) for p in payloads]
     sink = collecting.get()
     if sink is not None:
@@ -98,7 +94,9 @@ def sync_only() -> bool:
     return inline_runner is not None or bool(get_config().cache_alias)
 
 
-async def aenqueue(payloads: list[Payload], at: float | None, *, chunk_size: int = 1000) -> list[str]:
+async def aenqueue(
+    payloads: list[Payload], at: float | None, *, chunk_size: int = 1000, alike: bool = False
+) -> list[str]:
     """:func:`enqueue` and :func:`enqueue_many` for async code (``adelay``
     and friends): the same chain, then :func:`apush` on ``redis.asyncio``.
     Pushed at once, never on commit: Django's ``atomic()`` and
@@ -106,7 +104,7 @@ async def aenqueue(payloads: list[Payload], at: float | None, *, chunk_size: int
     async code (see docs/async.md)."""
     warn_if_not_installed()
     chain = middleware.client_chain()
-    payloads = [ready for ready in (chain.run(p, at=at) for p in payloads) if ready is not None]
+    payloads, alike = _accepted(chain, payloads, at, alike)
     sink = collecting.get()
     if sink is not None:
         sink(chain, payloads, at)
@@ -114,11 +112,23 @@ async def aenqueue(payloads: list[Payload], at: float | None, *, chunk_size: int
     unconfirmed: list[EnqueueNotReplicated] = []
     for start in range(0, len(payloads), chunk_size):
         try:
-            await apush(chain, payloads[start : start + chunk_size], at)
+            chunk = payloads[start : start + chunk_size]
+            await apush(chain, Encoded(chunk) if alike else chunk, at)
         except EnqueueNotReplicated as exc:
             unconfirmed.append(exc)
     _raise_unconfirmed(unconfirmed, len(payloads))
     return _jids(payloads)
+
+
+def _accepted(
+    chain: middleware.ClientChain, payloads: list[Payload], at: float | None, alike: bool
+) -> tuple[list[Payload], bool]:
+    """The payloads the chain accepts, and whether they are still ``alike``:
+    ``Job.many_payloads``'s, which a chain that passes them unchanged need
+    not see, encoded together (:mod:`django_cogworker.bulk`)."""
+    if alike and payloads and chain.passes_unchanged(payloads[0]):
+        return payloads, True
+    return [ready for ready in (chain.run(p, at=at) for p in payloads) if ready is not None], False
 
 
 def _raise_unconfirmed(unconfirmed: list[EnqueueNotReplicated], total: int) -> None:
@@ -302,7 +312,7 @@ def _queue_writes(
         also(pipe)
     if at is not None:
         by_set: dict[str, dict[bytes, float]] = {}
-        for p, raw in zip(payloads, _raws(payloads), strict=True):
+        for p, raw in zip(payloads, bytes_of(payloads), strict=True):
             by_set.setdefault(k.for_payload(p).schedule, {})[raw] = at
         for zset, entries in by_set.items():
             pipe.zadd(zset, entries)
@@ -312,17 +322,13 @@ def _queue_writes(
             pipe.sadd(k.queues, *{p["queue"] for p in payloads})
         return list(by_set)
     by_queue: dict[str, list[bytes]] = {}
-    for p, raw in zip(payloads, _raws(payloads), strict=True):
+    for p, raw in zip(payloads, bytes_of(payloads), strict=True):
         by_queue.setdefault(p["queue"], []).append(raw)
     for queue, raws in by_queue.items():
         if not _apart(k, also):
             pipe.sadd(k.queues, queue)
         pipe.lpush(k.queue(queue), *raws)
     return [k.queue(queue) for queue in by_queue]
-
-
-def _raws(payloads: list[Payload]) -> list[bytes]:
-    return payloads.raws if isinstance(payloads, Encoded) else encode_many(payloads)
 
 
 def _apart(k: Keys, also: Also | None) -> bool:

@@ -334,7 +334,7 @@ class Job:
             payloads = await sync_to_async(self.many_payloads, thread_sensitive=False)(calls)
         else:
             payloads = self.many_payloads(calls)
-        return await client.aenqueue(payloads, None, chunk_size=chunk_size)
+        return await client.aenqueue(payloads, None, chunk_size=chunk_size, alike=True)
 
     async def _apush(self, payload: Payload, at: float | None) -> str | None:
         if self.expires is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import math
@@ -230,14 +231,15 @@ def test_delay_many_pushes_in_chunks_and_returns_every_jid(cog):
     assert all(set(p) == PAYLOAD_KEYS for p in payloads)
 
 
-def test_delay_many_pushes_for_each_call_the_bytes_encode_writes_for_its_payload(cog):
+@pytest.mark.parametrize("way", ["delay_many", "adelay_many"])
+def test_delay_many_pushes_for_each_call_the_bytes_encode_writes_for_its_payload(cog, way):
     """Its payloads pass the built-in chain unchanged and are encoded
     together (``bulk.encode_alike``): byte for byte what ``encode`` writes
     for the payload ``.delay()`` would make of each call."""
     made = jobs.record.set(queue="bulk", retry=3, dead=False, timeout=5.0, expires_in=60)
     tags = [None, 1, 3.5, "\ud800 a lone surrogate", 'é\u2028"q"', [{"a": [1]}], {"nested": {"x": None}}]
     calls = [((tag,), {}) for tag in tags] + [((), {"tag": tag}) for tag in tags] + [((), {})]
-    jids = made.delay_many(calls)
+    jids = made.delay_many(calls) if way == "delay_many" else asyncio.run(made.adelay_many(calls))
 
     raws = list(reversed(cog.redis.lrange(cog.key("queue:bulk"), 0, -1)))
     assert len(raws) == len(calls) == len(jids)
