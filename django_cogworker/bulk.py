@@ -29,13 +29,12 @@ _HEAD = ["jid", "job", "args", "kwargs"]
 
 class Encoded(list[Payload]):
     """Payloads of one job made by ``Job.many_payloads`` and let through
-    unchanged (one or more), with their bytes (``raws``) and their one
-    queue: the push writes these bytes."""
+    unchanged (one or more, so one queue), with their bytes (``raws``):
+    the push writes these bytes."""
 
     def __init__(self, payloads: Sequence[Payload]) -> None:
         super().__init__(payloads)
         self.raws = encode_alike(payloads)
-        self.queue = str(payloads[0]["queue"])
 
 
 def bytes_of(payloads: list[Payload]) -> list[bytes]:
