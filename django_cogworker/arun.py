@@ -57,19 +57,24 @@ async def aexecute(raw: bytes, config: Config, *, queue: str = "", payload: Payl
             try:
                 run = middleware.server_chain().start(payload)
                 began = time.monotonic()
+                # A run with no middleware to call (middleware.UNTOUCHED)
+                # awaits nothing for them.
                 try:
-                    await run.abefore()
+                    if run.forms:
+                        await run.abefore()
                     value = await _call(job.func, payload, ctx, limited)
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError) and _cancelled_from_outside():
                         raise  # the shutdown's (G8): no outcome, the job goes back
                     outcome, result = runs.failure_of(payload, exc, config, job, time.monotonic() - began)
-                    await run.aafter(result)
+                    if run.forms:
+                        await run.aafter(result)
                 else:
                     outcome, after = runs.success(ctx.jid, job, time.monotonic() - began), SUCCESS
                     if ctx.workflow is not None:
                         outcome, after = runs.handed_on(outcome, payload, value, config, job)
-                    await run.aafter(after)
+                    if run.forms:
+                        await run.aafter(after)
                 if ctx.workflow is not None:
                     outcome.workflow = ctx.workflow
             finally:
@@ -114,7 +119,7 @@ async def _close_connections(own_thread: ThreadSensitiveContext) -> None:
     """Closes what the job's own thread opened, in that thread (a Django
     connection belongs to the thread that opened it)."""
     executors = getattr(SyncToAsync, "context_to_thread_executor", None)
-    if executors is not None and own_thread not in executors:
+    if executors is not None and (not executors or own_thread not in executors):
         return  # no synchronous call was made: no thread, no connection
     await sync_to_async(_close_opened)()
 

@@ -239,7 +239,7 @@ class Ledger:
                 self.failed += failed
                 if ran is not None:
                     self.tally.add(ran[0], ran[1], failed)
-            if not self.calling and (start is None or not self.keeping.short):
+            if self.waiting and not self.calling and (start is None or not self.keeping.short):
                 # A slot is free for a waiter; while a call is in flight,
                 # its end wakes them (waking them now only costs the GIL).
                 # A thread back from a short job comes for the next itself.

@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from django.utils.module_loading import import_string
 
@@ -97,6 +97,13 @@ class ServerMiddleware:
     middleware may define ``async def abefore(payload)`` and ``async def
     aafter(payload, result)``: they are awaited instead of ``before`` and
     ``after``, which otherwise run on the loop and must not block it."""
+
+    #: The payload fields this middleware acts on, for one that does
+    #: nothing to a payload without any of them (the unique and periodic
+    #: locks). When every middleware of the chain names its fields, a
+    #: payload with none of them skips the chain: neither ``before`` nor
+    #: ``after`` is called. None (the default): every payload goes through.
+    acts_on: ClassVar[frozenset[str] | None] = None
 
     def before(self, payload: Payload) -> None:
         """Before the job runs. Raising fails this run like the job would."""
@@ -194,11 +201,24 @@ class ServerChain:
         self.forms: tuple[Forms, ...] = tuple(
             (item, getattr(item, "abefore", None), getattr(item, "aafter", None)) for item in self.items
         )
+        # The fields the chain acts on (ServerMiddleware.acts_on); None when
+        # a middleware of it acts on every payload.
+        named = [item.acts_on for item in self.items]
+        self.acts_on: frozenset[str] | None = None
+        if all(fields is not None for fields in named):
+            self.acts_on = frozenset(field for fields in named if fields is not None for field in fields)
 
     def start(self, payload: Payload) -> ServerRun:
+        if self.acts_on is not None and self.acts_on.isdisjoint(payload):
+            return UNTOUCHED  # nothing in the chain acts on it
         # A copy shared by before() and after(): what a middleware writes in
         # it reaches neither the job nor the payload filed in retry or dead.
         return ServerRun(self, dict(payload))
+
+
+#: The run of a payload that no middleware of its chain acts on: it has no
+#: middleware to call (``items`` and ``forms`` empty).
+UNTOUCHED = ServerRun(ServerChain(()), {})
 
 
 def _cancel(passed: list[ClientMiddleware], payload: Payload) -> None:
@@ -244,10 +264,21 @@ def client_chain() -> ClientChain:
     return _cached(_client_chains, paths, lambda: ClientChain(_build(paths, ClientMiddleware)))
 
 
+#: The last chain :func:`server_chain` returned, by the setting it read.
+_last_server: tuple[tuple[str, ...], ServerChain] | None = None
+
+
 def server_chain() -> ServerChain:
     """This process's server chain for the current settings (built once)."""
-    paths = BUILTIN_SERVER + get_config().server_middleware
-    return _cached(_server_chains, paths, lambda: ServerChain(_build(paths, ServerMiddleware)))
+    global _last_server
+    configured = get_config().server_middleware
+    last = _last_server
+    if last is not None and last[0] is configured:
+        return last[1]  # once per job: no tuple built and hashed
+    paths = BUILTIN_SERVER + configured
+    chain = _cached(_server_chains, paths, lambda: ServerChain(_build(paths, ServerMiddleware)))
+    _last_server = (configured, chain)
+    return chain
 
 
 def _cached(

@@ -19,6 +19,7 @@ stay in progress, and be run again and again (G13).
 from __future__ import annotations
 
 import json
+import json.scanner
 import os
 import re
 import secrets
@@ -55,6 +56,12 @@ _encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii
 _make_encoder: Callable[..., Callable[[Any, int], Sequence[str]]] | None = getattr(
     json.encoder, "c_make_encoder", None
 )
+#: json's C scanner (None on a Python without it): what ``json.loads``
+#: calls for a payload once it has found its encoding and skipped spaces.
+_make_scanner: Callable[[json.JSONDecoder], Callable[[str, int], tuple[Any, int]]] | None = getattr(
+    json.scanner, "c_make_scanner", None
+)
+_scan = None if _make_scanner is None else _make_scanner(json.JSONDecoder())
 
 #: Jids read ahead from the system's random source, JID_POOL at a time:
 #: ``.delay()`` after a pause paid a system call, run cold, for each one.
@@ -240,7 +247,7 @@ def parse(raw: bytes | str) -> Any:
     ``MAX_DEPTH`` (past about 1,000 levels Python's json raises
     RecursionError, which is untrusted input like any other)."""
     try:
-        value = json.loads(raw)
+        value = _loads(raw)
     except RecursionError:
         raise BadPayload(TOO_DEEP) from None
     except ValueError as exc:  # UnicodeDecodeError included
@@ -248,6 +255,22 @@ def parse(raw: bytes | str) -> Any:
     if _brackets(raw) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
         raise BadPayload(TOO_DEEP)
     return value
+
+
+def _loads(raw: bytes | str) -> Any:
+    """``json.loads(raw)``, the same value or error, without its Python
+    steps for text as our payloads are written: an object, first a key, in
+    UTF-8 (``json.loads`` would find that encoding), nothing after it."""
+    if _scan is not None and (raw[:2] == b'{"' if isinstance(raw, bytes) else raw[:2] == '{"'):
+        try:
+            text = raw.decode("utf-8", "surrogatepass") if isinstance(raw, bytes) else raw
+            value, end = _scan(text, 0)
+        except (StopIteration, UnicodeDecodeError):
+            pass  # not JSON: json.loads says why, in its own words
+        else:
+            if end == len(text):
+                return value
+    return json.loads(raw)
 
 
 def decode(raw: bytes | str) -> Payload:

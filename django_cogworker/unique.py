@@ -89,6 +89,8 @@ class UniqueClientMiddleware(ClientMiddleware):
 
 
 class UniqueServerMiddleware(ServerMiddleware):
+    acts_on = frozenset({"unique_digest"})  # both methods act only on a payload with one
+
     def before(self, payload: Payload) -> None:
         if payload.get("unique_until") == "start" and payload.get("unique_digest"):
             self._release(payload)

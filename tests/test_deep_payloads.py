@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from django_cogworker import api, testing
+from django_cogworker import api, payload, testing
 from django_cogworker.admin.helpers import segment
 from django_cogworker.connection import get_keys
+from django_cogworker.errors import BadPayload
 from django_cogworker.payload import MAX_ARGUMENT_DEPTH, MAX_DEPTH, encode
 from testproject.testapp import jobs
 from tests.conftest import wait_for
@@ -320,3 +321,37 @@ def test_the_busy_page_shows_deep_running_records_as_unreadable(cog, deep_everyw
     assert superclient.get(unescape(links[0])).status_code == 200
     gone = superclient.get(f"{BASE}busy/{segment(IDENTITY)}/job/deep/", follow=True)
     assert gone.status_code == 200 and "no longer running" in gone.content.decode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"jid":"j","job":"x","args":[1,"\xc3\xa9"],"kwargs":{}}',
+        b'{"a":1}\n',  # spaces after: json.loads reads them
+        b'  {"a":1}',
+        b'{"a":1} x',
+        b'{"a":',
+        b'{"\xff":1}',  # not UTF-8
+        b'{"a":"\xed\xb3\xbf"}',  # a lone surrogate, as Python writes one
+        '{"a":"\udcff"}',
+        b'{\x00"\x00a\x00"\x00:\x001\x00}\x00',  # UTF-16, which json.loads detects
+        b'{"a":NaN,"b":1e999}',
+        b"[1]",
+        b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}",
+    ],
+)
+def test_g13_a_payload_is_read_as_json_loads_reads_it(raw):
+    """``payload.parse`` calls json's scanner itself for text as ours are
+    written: the same value, or the same error, as ``json.loads``."""
+    try:
+        expected: Any = ("value", json.loads(raw))
+    except RecursionError:
+        expected = ("error", payload.TOO_DEEP)
+    except ValueError as exc:
+        expected = ("error", f"not valid JSON: {exc}")
+    try:
+        value = payload.parse(raw)
+    except BadPayload as exc:
+        assert ("error", str(exc)) == expected
+    else:
+        assert repr(("value", value)) == repr(expected)

@@ -286,7 +286,11 @@ def test_a_keeper_of_short_jobs_wakes_no_thread_when_it_hands_a_job_to_the_loop(
     ledger.moved(1, 5)
     assert wakes == [1]
     ledger.started(0, work(b"c"))
-    ledger.finished(0, work(b"c"), False)  # a plain job ended (and woke a waiter: not short)
+    ledger.finished(0, work(b"c"), False)  # a plain job ended, and no thread waits for a slot
+    assert wakes == [1]
+    ledger.waiting = 1  # as Ledger._wait counts a thread waiting in reserve()
+    ledger.started(0, work(b"c"))
+    ledger.finished(0, work(b"c"), False)  # a plain job ended (and woke the waiter: not short)
     assert wakes == [1, 1]
     ledger.wake_for_plain()
     assert wakes == [1, 1, 1]

@@ -16,7 +16,7 @@ from django_cogworker.middleware import ClientMiddleware, Result, ServerMiddlewa
 from django_cogworker.payload import Payload, encode
 from django_cogworker.periodic import PeriodicLockMiddleware
 from django_cogworker.unique import UniqueClientMiddleware, UniqueServerMiddleware
-from testproject.testapp import jobs
+from testproject.testapp import async_jobs, jobs
 from tests.conftest import wait_for
 
 HERE = "tests.test_middleware"
@@ -100,6 +100,19 @@ class Broken(ServerMiddleware):
     def after(self, payload: Payload, result: Result) -> None:
         calls.append(("Broken.after",))
         raise RuntimeError("after failed")
+
+
+class Tagged(Noter):
+    """Acts only on payloads that carry ``tag_me`` (``acts_on``), in both forms."""
+
+    name = "Tagged"
+    acts_on = frozenset({"tag_me"})
+
+    async def abefore(self, payload: Payload) -> None:
+        calls.append(("Tagged.abefore", payload["job"]))
+
+    async def aafter(self, payload: Payload, result: Result) -> None:
+        calls.append(("Tagged.aafter", result.status))
 
 
 class NotAMiddleware:
@@ -242,6 +255,40 @@ def test_a_failing_after_is_logged_and_changes_nothing(cog):
     outcome = run("testproject.testapp.jobs.record", "fine")
     assert outcome.kind == execution.ACK and not outcome.failed
     assert calls[-2:] == [("Broken.after",), ("Outer.after", "success", None, False, True)]
+
+
+@pytest.mark.parametrize(
+    ("job_name", "before", "after"),
+    [
+        ("testproject.testapp.jobs.record", "Tagged.before", "Tagged.after"),
+        (async_jobs.anoop.name, "Tagged.abefore", "Tagged.aafter"),
+    ],
+)
+def test_a_payload_that_no_middleware_of_the_chain_acts_on_skips_it(cog, job_name, before, after):
+    cog.configure(MIDDLEWARE={"client": [], "server": [f"{HERE}.Tagged"]})
+    made = registry.get(job_name)
+    assert made is not None
+    args = ["x"] if not made.coroutine else []
+    outcome = execution.execute(encode(made.payload(args, {})), get_config(), close_connections=False)
+    assert outcome.kind == execution.ACK and not outcome.failed
+    assert calls == []  # neither Tagged nor the locks' middleware (acts_on too) was called
+    tagged = {**made.payload(args, {}), "tag_me": 1}
+    outcome = execution.execute(encode(tagged), get_config(), close_connections=False)
+    assert outcome.kind == execution.ACK and not outcome.failed
+    assert [call[:2] for call in calls] == [(before, job_name), (after, "success")]
+
+
+def test_a_middleware_that_names_no_fields_sees_every_payload_with_the_others(cog):
+    cog.configure(MIDDLEWARE={"client": [], "server": [f"{HERE}.Tagged", f"{HERE}.Outer"]})
+    assert middleware.server_chain().acts_on is None
+    run("testproject.testapp.jobs.record", "x")
+    job_name = "testproject.testapp.jobs.record"
+    assert calls == [
+        ("Tagged.before", job_name),
+        ("Outer.before", job_name),
+        ("Outer.after", "success", None, False, True),
+        ("Tagged.after", "success", None, False, True),
+    ]
 
 
 # -- the chains ---------------------------------------------------------------------------

@@ -121,6 +121,8 @@ def _lock_owner(payload: Payload) -> tuple[str, str] | None:
 class PeriodicLockMiddleware(ServerMiddleware):
     """The running lock of an ``until_executed`` entry around its run."""
 
+    acts_on = frozenset({"periodic_until_executed"})  # _lock_owner() needs it
+
     def before(self, payload: Payload) -> None:
         owner = _lock_owner(payload)
         if owner is None:
