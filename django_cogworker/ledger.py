@@ -175,7 +175,8 @@ class Ledger:
             # each job left in the buffer, and one to make the next call (a
             # waiter also looks again every SLOT_WAIT_S).
             kept = self.keeping.keep(time.monotonic())
-            self._slots.notify(1 if kept else max(1, len(works)))
+            if self.waiting:  # else no thread to wake (an idle one waits in its BLMOVE)
+                self._slots.notify(1 if kept else max(1, len(works)))
 
     def _end_call(self, slots: Slots) -> None:
         """The call of ``slots`` is no longer the one in flight (the lock is held)."""
