@@ -72,7 +72,9 @@ def test_a_coroutine_job_that_calls_no_synchronous_code_makes_no_thread_and_leav
     assert kinds == ["ack", "ack"]
     assert isinstance(seen["a"][1], ThreadSensitiveContext) and seen["a"][1] is not seen["b"][1]
     assert after is None  # reset in the caller's context
-    assert set(threading.enumerate()) <= before
+    # asgiref's executors name their threads so; another part of the suite may start others.
+    made = [t for t in set(threading.enumerate()) - before if t.name.startswith("ThreadPoolExecutor")]
+    assert not made
 
 
 def test_a_coroutine_job_inside_an_enclosing_thread_sensitive_context_uses_it_and_leaves_it_open() -> None:
