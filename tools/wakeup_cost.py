@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""What waking a thread costs on this machine: on its own CPU, and on another.
+
+A worker's threads hand the GIL and their jobs to one another, and each job
+waits for Redis's reply on another CPU: how much a pinned worker gains over
+one left to the OS (G21) is set by what a wake-up costs across CPUs here
+against on one CPU. This measures that with nothing of django-cogworker,
+nothing of Redis:
+
+- **processes**: two processes hand a byte back and forth over two pipes
+  (each ``read`` blocks until the other's ``write`` wakes it), as a job's
+  round trip to Redis does;
+- **threads**: two threads of one Python process hand a token back and
+  forth through two locks (each ``acquire`` blocks, its GIL released,
+  until the other thread's ``release``), as a job handed to a waiting
+  processor thread does.
+
+Each pair runs on one CPU, on two CPUs (one each), and where the OS puts
+them; a round trip is two wake-ups. Printed: the wall time of a round trip
+and the CPU time the measuring side spent on it, the median of the runs.
+A machine that allows this process one CPU only measures the first row.
+
+    python3 tools/wakeup_cost.py
+    python3 tools/wakeup_cost.py --rounds 50000 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+#: (label, the measuring side's CPUs, the other side's), None: any CPU.
+Placement = tuple[str, set[int] | None, set[int] | None]
+
+
+def placements() -> list[Placement]:
+    cpus = sorted(os.sched_getaffinity(0))
+    rows: list[Placement] = [("one CPU", {cpus[0]}, {cpus[0]})]
+    if len(cpus) > 1:
+        rows.append(("two CPUs, one each", {cpus[0]}, {cpus[1]}))
+        rows.append(("left to the OS", None, None))
+    return rows
+
+
+def _place(cpus: set[int] | None, everywhere: set[int]) -> None:
+    """Sets the calling thread's CPUs (a thread's own, on Linux)."""
+    os.sched_setaffinity(0, everywhere if cpus is None else cpus)
+
+
+def processes(rounds: int, mine: set[int] | None, theirs: set[int] | None) -> tuple[float, float]:
+    """Wall and CPU seconds of one round trip between two processes over pipes."""
+    everywhere = os.sched_getaffinity(0)
+    to_child, from_parent = os.pipe()
+    from_child, to_parent = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            _place(theirs, everywhere)
+            for _ in range(rounds + 1):
+                os.read(to_child, 1)
+                os.write(to_parent, b"x")
+        finally:
+            os._exit(0)
+    try:
+        _place(mine, everywhere)
+        os.write(from_parent, b"x")  # the first round trip places both sides
+        os.read(from_child, 1)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(rounds):
+            os.write(from_parent, b"x")
+            os.read(from_child, 1)
+        return (time.perf_counter() - wall) / rounds, (time.thread_time() - cpu) / rounds
+    finally:
+        os.waitpid(pid, 0)
+        for fd in (to_child, from_parent, from_child, to_parent):
+            os.close(fd)
+        _place(None, everywhere)
+
+
+def threads(rounds: int, mine: set[int] | None, theirs: set[int] | None) -> tuple[float, float]:
+    """Wall and CPU seconds of one round trip between two threads through locks."""
+    everywhere = os.sched_getaffinity(0)
+    ping, pong = threading.Lock(), threading.Lock()
+    ping.acquire()
+    pong.acquire()
+
+    def other() -> None:
+        _place(theirs, everywhere)
+        for _ in range(rounds + 1):
+            ping.acquire()
+            pong.release()
+
+    thread = threading.Thread(target=other, name="wakeup-cost")
+    thread.start()
+    try:
+        _place(mine, everywhere)
+        ping.release()
+        pong.acquire()
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(rounds):
+            ping.release()
+            pong.acquire()
+        return (time.perf_counter() - wall) / rounds, (time.thread_time() - cpu) / rounds
+    finally:
+        thread.join()
+        _place(None, everywhere)
+
+
+def measure(
+    how: Callable[[int, set[int] | None, set[int] | None], tuple[float, float]],
+    rounds: int,
+    repeat: int,
+    placement: Placement,
+) -> tuple[float, float]:
+    """Median wall and CPU µs of a round trip over ``repeat`` runs."""
+    _, mine, theirs = placement
+    runs = [how(rounds, mine, theirs) for _ in range(repeat)]
+    return statistics.median(r[0] for r in runs) * 1e6, statistics.median(r[1] for r in runs) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=20_000, help="round trips per run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each pair, the median printed")
+    parser.add_argument("--smoke", action="store_true", help="a few round trips: checks that the tool runs")
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.repeat = 200, 1
+    runs = f"{args.rounds:,} round trips, median of {args.repeat}"
+    print(f"| pair ({runs}) | placement | round trip µs | CPU µs |")
+    print("|---|---|---|---|")
+    for label, how in (("two processes, pipes", processes), ("two threads, locks", threads)):
+        for placement in placements():
+            wall, cpu = measure(how, args.rounds, args.repeat, placement)
+            print(f"| {label} | {placement[0]} | {wall:.1f} | {cpu:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
