@@ -51,6 +51,16 @@ def _place(cpus: set[int] | None, everywhere: set[int]) -> None:
     os.sched_setaffinity(0, everywhere if cpus is None else cpus)
 
 
+def _timed(rounds: int, round_trip: Callable[[], None]) -> tuple[float, float]:
+    """Wall and CPU seconds of one of ``rounds`` round trips, after a first
+    one that places both sides (the other side makes ``rounds + 1``)."""
+    round_trip()
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(rounds):
+        round_trip()
+    return (time.perf_counter() - wall) / rounds, (time.thread_time() - cpu) / rounds
+
+
 def processes(rounds: int, mine: set[int] | None, theirs: set[int] | None) -> tuple[float, float]:
     """Wall and CPU seconds of one round trip between two processes over pipes."""
     everywhere = os.sched_getaffinity(0)
@@ -65,15 +75,14 @@ def processes(rounds: int, mine: set[int] | None, theirs: set[int] | None) -> tu
                 os.write(to_parent, b"x")
         finally:
             os._exit(0)
+
+    def round_trip() -> None:
+        os.write(from_parent, b"x")
+        os.read(from_child, 1)
+
     try:
         _place(mine, everywhere)
-        os.write(from_parent, b"x")  # the first round trip places both sides
-        os.read(from_child, 1)
-        wall, cpu = time.perf_counter(), time.thread_time()
-        for _ in range(rounds):
-            os.write(from_parent, b"x")
-            os.read(from_child, 1)
-        return (time.perf_counter() - wall) / rounds, (time.thread_time() - cpu) / rounds
+        return _timed(rounds, round_trip)
     finally:
         os.waitpid(pid, 0)
         for fd in (to_child, from_parent, from_child, to_parent):
@@ -94,17 +103,15 @@ def threads(rounds: int, mine: set[int] | None, theirs: set[int] | None) -> tupl
             ping.acquire()
             pong.release()
 
+    def round_trip() -> None:
+        ping.release()
+        pong.acquire()
+
     thread = threading.Thread(target=other, name="wakeup-cost")
     thread.start()
     try:
         _place(mine, everywhere)
-        ping.release()
-        pong.acquire()
-        wall, cpu = time.perf_counter(), time.thread_time()
-        for _ in range(rounds):
-            ping.release()
-            pong.acquire()
-        return (time.perf_counter() - wall) / rounds, (time.thread_time() - cpu) / rounds
+        return _timed(rounds, round_trip)
     finally:
         thread.join()
         _place(None, everywhere)
