@@ -29,6 +29,15 @@ REPORT = "django_cogworker.contrib.sentry.report"
 SECRET = "ada@example.com"
 FAIL_WITH_SECRET = "tests.test_contrib_sentry.fail_with_secret"
 
+#: The option that has the frames' local variables sent: its name changed
+#: with the SDK's major version (2: ``include_local_variables``; 3:
+#: ``data_collection``'s ``stack_frame_variables``).
+LOCAL_VARIABLES_SENT: dict[str, Any] = (
+    {"include_local_variables": True}
+    if int(sentry_sdk.VERSION.split(".")[0]) < 3
+    else {"data_collection": {"stack_frame_variables": True}}
+)
+
 
 @job(retry=0)
 def fail_with_secret(email: str, *, note: str = "") -> None:
@@ -51,13 +60,13 @@ class KeepEnvelopes(Transport):
 @pytest.fixture
 def transport(cog: Any) -> Iterator[KeepEnvelopes]:
     kept = KeepEnvelopes()
-    # include_local_variables is Sentry's default, named here: report() must
-    # drop the frames' variables even so.
+    # Sending the frames' local variables is Sentry's default, named here:
+    # report() must drop them even so.
     sentry_sdk.init(
         transport=kept,
         default_integrations=False,
         auto_enabling_integrations=False,
-        include_local_variables=True,
+        **LOCAL_VARIABLES_SENT,
     )
     cog.configure(ERROR_HANDLERS=[REPORT])
     yield kept

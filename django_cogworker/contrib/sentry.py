@@ -13,7 +13,8 @@ Duties:
   left out of the tags and context, and the local variables of the stack
   frames are dropped from these events: the job's own frame holds its
   arguments, and the worker's frames hold the whole payload, whatever
-  ``include_local_variables`` says. A project that wants them sent writes
+  ``include_local_variables`` (SDK 2) or ``data_collection``'s
+  ``stack_frame_variables`` (SDK 3) says. A project that wants them sent writes
   its own handler (see docs/middleware.md).
 
 What else an event carries (release, environment, breadcrumbs, the
