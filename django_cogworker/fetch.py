@@ -245,7 +245,8 @@ class ReliableFetch(Fetcher):
         """One call for up to ``slots.count`` jobs (the first for the
         caller), acknowledging the acks waiting; when the queues are empty,
         a wait on one. Its jobs are stamped with when it was *sent* (G18):
-        ``Processor.still_ours``."""
+        ``Processor.still_ours``; sent with a stale registration, with the
+        last beat (``Registration.stamp``)."""
         waiting = self._idle.blocking
         queue = queues[0]
         try:
@@ -254,7 +255,7 @@ class ReliableFetch(Fetcher):
             # A thread whose wait ended looks at every queue (in order) before
             # it waits again, unless the others all have a thread waiting.
             if acks or polling or not waiting or self.waiters.uncovered(queues) > 1:
-                sent = time.monotonic()
+                sent = self.ctx.registration.stamp()
                 found = self.fetch_script(queues, acks, slots.count)
                 if found and int(found[0]) > 0:
                     self.backoff.reset()
@@ -270,7 +271,7 @@ class ReliableFetch(Fetcher):
             self.ctx.ledger.shrink(slots, 1)
             queue = self.waiters.enter(queues)
             try:
-                sent = time.monotonic()
+                sent = self.ctx.registration.stamp()
                 raw = self.ctx.blocking.blmove(
                     self.client, self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S
                 )

@@ -107,6 +107,10 @@ class Keys:
         self.last_beat = f"{g}:last_beat"
         self.beats = f"{g}:beats"
         self.inprogress_identities = f"{g}:inprogress_identities"
+        #: Processes recovery forgot (identity -> when, Redis's clock), kept
+        #: for ``recovery.FORGOTTEN_KEEP_S``: a list of theirs that fills
+        #: again is registered again (``remember.lua``, G18).
+        self.forgotten = f"{g}:forgotten"
         #: The group's queues that jobs were moved to (``move_due.lua``):
         #: the shared registry without SHARDING, the group's own with it.
         self.moved_to = f"{g}:queues"

@@ -54,6 +54,16 @@ class Registration:
     def fresh(self) -> bool:
         return time.monotonic() - self._at <= self.ttl_s
 
+    def stamp(self) -> float:
+        """When a fetch sent now counts as sent (G18): now while the
+        registration is fresh; else when the last successful beat was sent.
+        A stop can fall between a thread's check (``awaited``) and its send:
+        the jobs such a fetch brings then look fetched long ago, and are
+        checked to be still ours, after a beat, before they start
+        (``Processor.still_ours``)."""
+        now = time.monotonic()
+        return now if now - self._at <= self.ttl_s else self._at
+
     def awaited(self, quiet: threading.Event) -> bool:
         """Whether the registration is fresh, after waiting for a beat if it
         is not (False: ``quiet`` was set first)."""

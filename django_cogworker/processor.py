@@ -280,8 +280,13 @@ class Processor:
         cannot be read, the job is not run either: if it is still there,
         the stray check requeues it. An answer that itself came back late is
         asked for again (it may predate a recovery made while we were
-        silent); late every time, the job is not started either."""
+        silent); late every time, the job is not started either. Asked only
+        once a beat has registered this process again: until then a
+        recovery could still take the job after an answer "ours"."""
         crew = self.crew
+        if not crew.fetching.ctx.registration.awaited(crew.quiet):
+            crew.settler.give_back(work)  # stopping: it goes back with the rest
+            return False
         try:
             for _ in range(OWNERSHIP_ASKS):
                 asked = time.monotonic()

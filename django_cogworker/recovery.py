@@ -42,6 +42,9 @@ T = TypeVar("T")
 #: Slack for the round trips and clocks in ``Recovery.forget_if_empty``.
 FORGET_MARGIN_S = 1.0
 
+#: How long a forgotten process is still looked for (``Recovery.remember_refilled``).
+FORGOTTEN_KEEP_S = 3600.0
+
 
 class Recovery:
     def __init__(self, process: ProcessContext) -> None:
@@ -141,7 +144,13 @@ class Recovery:
         atomically with a beat that may have come meanwhile."""
         k = self.keys
         span_s = self.config.heartbeat_ttl_s + BLOCKING_TIMEOUT_S + FORGET_MARGIN_S
-        keys = [k.inprogress(identity), k.process(identity), k.last_beat, k.inprogress_identities]
+        keys = [
+            k.inprogress(identity),
+            k.process(identity),
+            k.last_beat,
+            k.inprogress_identities,
+            k.forgotten,
+        ]
         if not k.sharded:
             keys += [k.processes, k.workers(identity)]
         forgotten = script("forget")(self.client, keys, [identity, span_s])
@@ -167,6 +176,8 @@ class Recovery:
         )
         report["registry"] = registered is not None
         found = list(registered or [])
+        if registered is not None:
+            self.isolated("looking at forgotten processes", 0, report, lambda: self.remember_refilled(found))
         if scan:
             prefix = self.keys.inprogress_prefix
             scanned = self.isolated(
@@ -182,6 +193,47 @@ class Recovery:
             self.scanned.update(i for i in scanned or [] if i not in found)
         found += sorted(i for i in self.scanned if i not in found)
         return found
+
+    def remember_refilled(self, registered: list[str]) -> int:
+        """G18: registers again a forgotten process whose list holds jobs
+        again; returns how many. Only its own fetch fills it: one decided
+        before a stop and sent in the moment after it resumed, before the
+        beat that would have registered it; stopped or killed again right
+        after, it would hold that job where no recovery looks. Registered
+        again with a fresh stamp (``remember.lua``), the list is recovered
+        on a later pass once its owner has stayed silent for
+        ``ORPHAN_THRESHOLD``. Forgotten processes are looked for during
+        ``FORGOTTEN_KEEP_S``; after that, the next worker's boot scan finds
+        such a list."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zremrangebyscore(k.forgotten, "-inf", time.time() - FORGOTTEN_KEEP_S)
+        pipe.zrange(k.forgotten, 0, -1)
+        forgotten = [m.decode() for m in pipe.execute()[1]]
+        if not forgotten:
+            return 0
+        beat_again = [i for i in forgotten if i in registered]
+        # Not this process's own: alive, it registers again with its beat.
+        others = [i for i in forgotten if i not in registered and i != self.process.identity]
+        pipe = self.client.pipeline(transaction=False)
+        if beat_again:
+            pipe.zrem(k.forgotten, *beat_again)
+        for identity in others:
+            pipe.exists(k.inprogress(identity))
+        held = pipe.execute()[1 if beat_again else 0 :]
+        remembered = 0
+        for identity, exists in zip(others, held, strict=True):
+            if not exists:
+                continue
+            keys = [k.forgotten, k.inprogress(identity), k.inprogress_identities, k.last_beat]
+            if script("remember")(self.client, keys, [identity]):
+                remembered += 1
+                logger.warning(
+                    "process %s, forgotten as dead, holds jobs on its in-progress list again: "
+                    "registered again; they are requeued if it stays silent",
+                    identity,
+                )
+        return remembered
 
     # -- poison pills (G3) -----------------------------------------------------
 

@@ -387,7 +387,7 @@ class CogEnv:
             "DJANGO_SETTINGS_MODULE": "testproject.settings",
             "COGWORKER_REDIS_URL": self.url,
             "COGWORKER_OVERRIDES": json.dumps(settings),
-            "COGWORKER_LOG_LEVEL": "INFO",
+            "COGWORKER_LOG_LEVEL": os.environ.get("COGWORKER_TEST_WORKER_LOG_LEVEL", "INFO"),
             "PYTHONPATH": str(ROOT),
             **(env or {}),
         }

@@ -27,8 +27,8 @@ from django_cogworker.conf import get_config
 from django_cogworker.direct_blocking import BlockingConnections
 from django_cogworker.fetch import BLOCKING_TIMEOUT_S, ReliableFetch
 from django_cogworker.heartbeat import Heartbeat
-from django_cogworker.process import open_process
-from django_cogworker.recovery import FORGET_MARGIN_S, Recovery
+from django_cogworker.process import Registration, open_process
+from django_cogworker.recovery import FORGET_MARGIN_S, FORGOTTEN_KEEP_S, Recovery
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, Worker, wait_for
 from tests.proxy import PausableProxy
@@ -259,11 +259,176 @@ def test_g18_a_silent_process_fetches_nothing_into_a_list_recovery_forgot(cog, i
         time.sleep(0.01)
     assert not stray, "a job sat on the list of a forgotten process, where no recovery looks"
     assert r.llen(k.queue("default")) == 1, "the silent process took the job"
+    resume_and_run_once(cog, a, silent, jid)
+
+
+def resume_and_run_once(cog: CogEnv, a: Any, silent: threading.Event, jid: str) -> None:
+    """A beats again: it runs the job once, and leaves nothing behind."""
     silent.clear()
     wait_for(lambda: runs(cog)[jid], 20, "A to beat again and run the job")
     a.stop()
     assert runs(cog) == Counter({jid: 1})
     assert leftovers(cog) == {}
+
+
+def stop_between_check_and_send(
+    cog: CogEnv, monkeypatch: pytest.MonkeyPatch, in_process: Any, in_hand: Callable[[Any], None]
+) -> tuple[Any, threading.Event, threading.Event]:
+    """Starts A in this process (one thread) and, once it has beaten, holds
+    its thread right after its next registration check, then fails its
+    beats: a stop between the check and the send of a fetch. Returns (A,
+    ``silent``: A's beats fail while set, ``resumed``: set it to let the
+    fetch go). The job that fetch brings is handed to ``in_hand`` before the
+    thread goes on with it."""
+    silent, armed, held, resumed = (threading.Event() for _ in range(4))
+    original_beat, original_retrieve = Heartbeat.beat, ReliableFetch.retrieve
+    original_awaited = Registration.awaited
+
+    def beat(heartbeat: Heartbeat) -> Any:
+        if silent.is_set():
+            raise redis.ConnectionError("this process is stopped")
+        return original_beat(heartbeat)
+
+    def awaited(registration: Registration, quiet: threading.Event) -> bool:
+        fresh = original_awaited(registration, quiet)
+        if fresh and armed.is_set():
+            armed.clear()
+            held.set()
+            resumed.wait(60)  # stopped after the check, before the send
+        return fresh
+
+    def retrieve(fetcher: ReliableFetch) -> Any:
+        work = original_retrieve(fetcher)
+        if work is not None and resumed.is_set():
+            in_hand(work)
+        return work
+
+    monkeypatch.setattr(Heartbeat, "beat", beat)
+    monkeypatch.setattr(Registration, "awaited", awaited)
+    monkeypatch.setattr(ReliableFetch, "retrieve", retrieve)
+    a = in_process(concurrency=1)
+    wait_for(lambda: cog.redis.hexists(keys().last_beat, a.identity), 15, "A to beat")
+    armed.set()
+    wait_for(held.is_set, 15, "A's thread to pass the registration check")
+    silent.set()
+    return a, silent, resumed
+
+
+def test_g18_a_fetch_decided_before_a_stop_and_sent_after_it_fills_a_forgotten_list_that_recovery_takes_back(
+    cog, in_process, monkeypatch
+):
+    """A's thread passes the registration check, then A goes silent before
+    the fetch is sent (held there, its beats failing: a stop between the two)
+    long enough for B to recover A and forget it. A resumes for a moment: the
+    fetch goes out and moves a job onto A's list, and A is silent again with
+    the job in its hand, its first beat not sent. B must register A again
+    and, A still silent past ORPHAN_THRESHOLD, put the job back on its queue;
+    before, the job stayed on the list of a forgotten process, where no
+    recovery looked, for as long as A stayed silent. When A resumes for good
+    it does not start the job it holds (another may have run it): it runs
+    it once, from the queue."""
+    r, k = cog.redis, keys()
+
+    def in_hand(work: Any) -> None:
+        while silent.is_set():
+            time.sleep(0.01)  # stopped again, the job in its hand
+
+    a, silent, resumed = stop_between_check_and_send(cog, monkeypatch, in_process, in_hand)
+    a_list = k.inprogress(a.identity)
+    b = cog.start_worker("-c", "1", QUEUES=["mail"])  # recovers A; takes nothing from "default"
+    wait_for(
+        lambda: r.zscore(k.forgotten, a.identity) is not None,
+        30,
+        "B to recover A and forget it",
+    )
+    assert not r.sismember(k.inprogress_identities, a.identity)
+    jid = str(jobs.record.delay("fetched into a forgotten list"))
+    resumed.set()
+    wait_for(lambda: r.llen(a_list) == 1, 15, "A's late fetch to move the job onto its list")
+    wait_for(
+        lambda: r.llen(a_list) == 0 and r.llen(k.queue("default")) == 1,
+        30,
+        "B to take the job back from the forgotten process's list",
+    )
+    assert "forgotten as dead, holds jobs on its in-progress list again" in b.log()
+    assert runs(cog)[jid] == 0
+    resume_and_run_once(cog, a, silent, jid)
+
+
+def test_g18_a_fetch_sent_with_a_stale_registration_is_checked_after_a_beat_before_its_job_starts(
+    cog, in_process, monkeypatch
+):
+    """A stop between a thread's registration check and its send: the fetch
+    goes out the moment A resumes, before A's first beat, and its reply
+    comes back at once. A recovery that falls in between (A still looks
+    dead) takes the job back. The job must not start on its quick reply: it
+    counts as fetched at A's last beat, and starts only if, once a beat has
+    registered A again, it is still on A's list. Before, it started at once
+    and ran twice (here and from its queue)."""
+    r, k = cog.redis, keys()
+    config = get_config()
+    fetched, go = threading.Event(), threading.Event()
+
+    def in_hand(work: Any) -> None:
+        if not fetched.is_set():
+            fetched.set()
+            go.wait(60)  # the reply read; a recovery lands before the job starts
+
+    a, silent, resumed = stop_between_check_and_send(cog, monkeypatch, in_process, in_hand)
+    a_list = k.inprogress(a.identity)
+
+    def silent_for_s() -> float:
+        seconds, micros = r.time()
+        return seconds + micros / 1e6 - float(r.hget(k.last_beat, a.identity) or 0)
+
+    wait_for(
+        lambda: not r.exists(k.process(a.identity)) and silent_for_s() > config.orphan_threshold_s + 0.2,
+        15,
+        "A to look dead",
+    )
+    jid = str(jobs.record.delay("fetched the moment A resumed"))
+    resumed.set()
+    wait_for(fetched.is_set, 15, "A's late fetch to bring the job")
+    assert r.llen(a_list) == 1
+    # Another worker's recovery pass, aimed at this moment (the others beat).
+    seconds, _ = r.time()
+    r.hset(k.beats, mapping={"last": seconds, "since": seconds - 60})
+    Recovery(open_process(config, "host:8:recovery")).recover_orphans()
+    assert r.llen(a_list) == 0 and r.llen(k.queue("default")) == 1, "the recovery did not take the job back"
+    silent.clear()
+    go.set()
+    wait_for(lambda: runs(cog)[jid], 20, "A to run the job from its queue")
+    wait_for(lambda: leftovers(cog) == {}, 15, "the job's ack")
+    a.stop()
+    assert runs(cog) == Counter({jid: 1})
+
+
+def test_g18_recovery_looks_for_a_forgotten_process_only_for_a_while_and_only_at_a_list_with_jobs(cog):
+    """remember.lua registers a forgotten process again only when its list
+    holds jobs and no beat registered it meanwhile; the forgotten set keeps
+    a process for FORGOTTEN_KEEP_S."""
+    r, k = cog.redis, keys()
+    recovery = Recovery(open_process(get_config(), "host:8:recovery"))
+    now = time.time()
+    r.zadd(
+        k.forgotten,
+        {
+            "host:1:empty": now,
+            "host:2:refilled": now,
+            "host:3:beat": now,
+            "host:4:long-ago": now - FORGOTTEN_KEEP_S - 5,
+        },
+    )
+    r.rpush(k.inprogress("host:2:refilled"), b"job")
+    r.rpush(k.inprogress("host:3:beat"), b"job")
+    r.rpush(k.inprogress("host:4:long-ago"), b"job")
+    r.sadd(k.inprogress_identities, "host:3:beat")
+    assert recovery.remember_refilled(["host:3:beat"]) == 1
+    assert r.smembers(k.inprogress_identities) == {b"host:2:refilled", b"host:3:beat"}
+    assert r.hexists(k.last_beat, "host:2:refilled")
+    assert r.zrange(k.forgotten, 0, -1) == [b"host:1:empty"]
+    r.delete(*(k.inprogress(i) for i in ("host:2:refilled", "host:3:beat", "host:4:long-ago")))
+    r.delete(k.forgotten, k.inprogress_identities, k.last_beat)
 
 
 @pytest.mark.parametrize(
@@ -294,3 +459,4 @@ def test_g18_recovery_forgets_a_process_only_when_no_fetch_of_its_own_can_fill_i
     assert r.sismember(k.inprogress_identities, identity) != forgotten
     assert r.sismember(k.processes, identity) != forgotten
     assert r.hexists(k.last_beat, identity) != forgotten
+    assert (r.zscore(k.forgotten, identity) is not None) == forgotten  # looked for a while yet

@@ -70,6 +70,9 @@ NOT_REACHED = {
     # failed against Redis (an owed Filing): that needs a Redis fault inside
     # a worker process, which the guarantee tests inject on their own.
     "park_unsettled": "a shutdown with a filing owed to an outage",
+    # Sent only when a forgotten process's list fills again (a fetch sent in
+    # the moment between two stops): tests/test_revival_fetch.py makes one.
+    "remember": "recovery registering such a process again",
     # Sent only under SHARDING, whose workers tests/test_sharded_layout.py
     # runs with this guard.
     "group_beat": "a beat to a worker's queue group (SHARDING)",
