@@ -21,10 +21,10 @@
 if redis.call("EXISTS", KEYS[2]) == 1 or redis.call("LLEN", KEYS[1]) > 0 then
   return 0
 end
--- A stamp that is not a number counts as no stamp, as in requeue.lua.
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+-- A stamp that is not a number counts as no stamp, as in requeue.lua.
 local last = tonumber(redis.call("HGET", KEYS[3], ARGV[1]) or "")
 if last and now - last <= tonumber(ARGV[2]) then
   return 0
