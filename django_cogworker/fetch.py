@@ -244,9 +244,8 @@ class ReliableFetch(Fetcher):
     def fetch(self, queues: list[str], slots: Slots) -> list[UnitOfWork]:
         """One call for up to ``slots.count`` jobs (the first for the
         caller), acknowledging the acks waiting; when the queues are empty,
-        a wait on one. Its jobs are stamped with when it was *sent* (G18):
-        ``Processor.still_ours``; sent with a stale registration, with the
-        last beat (``Registration.stamp``)."""
+        a wait on one. Its jobs are stamped with when it was *sent* (G18,
+        ``Processor.still_ours``), or its last beat (``Registration.stamp``)."""
         waiting = self._idle.blocking
         queue = queues[0]
         try:
