@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -165,10 +166,34 @@ def manage_env(cog: CogEnv, url: str | None = None) -> dict[str, str]:
     }
 
 
-def free_port() -> int:
+def bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+#: Where free_port looks: above the cluster buses (tests/topology.py) and
+#: below the system's ephemeral ports (from 32768), so that no outgoing
+#: connection (a replica's, a client's) takes a port between its choice and
+#: the server's bind; each xdist worker has a slice of its own.
+FREE_PORTS = range(26000, 32000)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing is bound to now and that no outgoing
+    connection of this machine is given."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = len(FREE_PORTS) // max(workers, 1)
+    start = FREE_PORTS.start + size * (index % max(workers, 1))
+    for _ in range(1000):
+        port = random.randrange(start, start + size)
+        if bindable(port):
+            return port
+    raise RuntimeError(f"no free port in {start}..{start + size}")
 
 
 def redis_binary() -> str:

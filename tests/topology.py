@@ -13,7 +13,6 @@ import itertools
 import os
 import random
 import secrets
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import bindable, free_port, wait_for
 
 DATA_CONF = ["appendonly yes", "appendfsync everysec", 'save ""', "replica-announce-ip 127.0.0.1"]
 DATA_CONF += ["repl-diskless-sync yes", "repl-diskless-sync-delay 0"]
@@ -63,15 +62,6 @@ def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     return wait_for(attempt, timeout, what)
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _ports(count: int, *, bus: bool = False) -> list[int]:
     """Distinct free ports; with ``bus``, port + 10000 (the cluster bus) is free too. A
     cluster's ports are below 16000 and its buses from 20000 (below the
@@ -81,7 +71,7 @@ def _ports(count: int, *, bus: bool = False) -> list[int]:
     ports: list[int] = []
     while len(ports) < count:
         port = random.randrange(10000, 16000) if bus else free_port()
-        if port not in ports and (not bus or (_bindable(port) and _bindable(port + 10000))):
+        if port not in ports and (not bus or (bindable(port) and bindable(port + 10000))):
             ports.append(port)
     return ports
 
