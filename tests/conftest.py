@@ -8,6 +8,7 @@ deletes only its own keys afterwards (never FLUSHALL).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -182,18 +183,32 @@ def bindable(port: int) -> bool:
 FREE_PORTS = range(26000, 32000)
 
 
+def _port_slice() -> Iterator[int]:
+    """This test process's slice of FREE_PORTS, in turn from a random start:
+    a port comes back only after every other one of the slice, so that two
+    calls before any server binds (three ports for one topology) never give
+    the same one."""
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % workers
+    size = len(FREE_PORTS) // workers
+    ports = range(FREE_PORTS.start + size * index, FREE_PORTS.start + size * (index + 1))
+    first = random.randrange(size)
+    while True:
+        yield from itertools.chain(ports[first:], ports[:first])
+
+
+_ports = _port_slice()
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing is bound to now and that no outgoing
-    connection of this machine is given."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    size = len(FREE_PORTS) // max(workers, 1)
-    start = FREE_PORTS.start + size * (index % max(workers, 1))
-    for _ in range(1000):
-        port = random.randrange(start, start + size)
+    """A port on 127.0.0.1 that nothing is bound to now, that no outgoing
+    connection of this machine is given and that this process gave no one
+    lately."""
+    for _ in range(len(FREE_PORTS)):
+        port = next(_ports)
         if bindable(port):
             return port
-    raise RuntimeError(f"no free port in {start}..{start + size}")
+    raise RuntimeError("no free port left in this test process's slice of FREE_PORTS")
 
 
 def redis_binary() -> str:
