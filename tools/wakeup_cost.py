@@ -20,6 +20,12 @@ them; a round trip is two wake-ups. Printed: the wall time of a round trip
 and the CPU time the measuring side spent on it, the median of the runs.
 A machine that allows this process one CPU only measures the first row.
 
+A wake-up across CPUs costs most where the woken CPU was idle and halted:
+under a hypervisor, a halted virtual CPU is woken through the host. First
+printed, then, is what an idle CPU does here (Linux's ``cpuidle`` driver
+and, for a KVM guest's ``haltpoll``, ``guest_halt_poll_ns``: how long an
+idle virtual CPU polls for work before it halts; 0 means it halts at once).
+
     python3 tools/wakeup_cost.py
     python3 tools/wakeup_cost.py --rounds 50000 --repeat 5
 """
@@ -32,6 +38,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 #: (label, the measuring side's CPUs, the other side's), None: any CPU.
 Placement = tuple[str, set[int] | None, set[int] | None]
@@ -117,6 +124,22 @@ def threads(rounds: int, mine: set[int] | None, theirs: set[int] | None) -> tupl
         _place(None, everywhere)
 
 
+def idle_policy() -> str:
+    """What an idle CPU of this machine does, as Linux's sysfs tells it."""
+    try:
+        driver = Path("/sys/devices/system/cpu/cpuidle/current_driver").read_text().strip()
+    except OSError:
+        return "unknown (no cpuidle driver in /sys)"
+    if driver != "haltpoll":
+        return f"cpuidle driver {driver}"
+    try:
+        poll_ns = int(Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns").read_text())
+    except (OSError, ValueError):
+        return "cpuidle driver haltpoll (a KVM guest), guest_halt_poll_ns unreadable"
+    how = "halts at once" if poll_ns == 0 else f"polls for up to {poll_ns / 1000:g} µs, then halts"
+    return f"cpuidle driver haltpoll (a KVM guest): an idle virtual CPU {how} (guest_halt_poll_ns {poll_ns})"
+
+
 def measure(
     how: Callable[[int, set[int] | None, set[int] | None], tuple[float, float]],
     rounds: int,
@@ -138,6 +161,7 @@ def main() -> None:
     if args.smoke:
         args.rounds, args.repeat = 200, 1
     runs = f"{args.rounds:,} round trips, median of {args.repeat}"
+    print(f"Idle CPUs: {idle_policy()}\n")
     print(f"| pair ({runs}) | placement | round trip µs | CPU µs |")
     print("|---|---|---|---|")
     for label, how in (("two processes, pipes", processes), ("two threads, locks", threads)):
