@@ -183,32 +183,31 @@ def bindable(port: int) -> bool:
 FREE_PORTS = range(26000, 32000)
 
 
-def _port_slice() -> Iterator[int]:
-    """This test process's slice of FREE_PORTS, in turn from a random start:
-    a port comes back only after every other one of the slice, so that two
-    calls before any server binds (three ports for one topology) never give
-    the same one."""
+def _port_slice() -> range:
+    """This test process's slice of FREE_PORTS (one each under xdist)."""
     workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
     index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % workers
     size = len(FREE_PORTS) // workers
-    ports = range(FREE_PORTS.start + size * index, FREE_PORTS.start + size * (index + 1))
-    first = random.randrange(size)
-    while True:
-        yield from itertools.chain(ports[first:], ports[:first])
+    return range(FREE_PORTS.start + size * index, FREE_PORTS.start + size * (index + 1))
 
 
-_ports = _port_slice()
+_SLICE = _port_slice()
+#: The slice in turn from a random start: a port comes back only after every
+#: other one of the slice, so that two calls before any server binds (three
+#: ports for one topology) never give the same one.
+_first = random.randrange(len(_SLICE))
+_ports = itertools.cycle(itertools.chain(_SLICE[_first:], _SLICE[:_first]))
 
 
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing is bound to now, that no outgoing
     connection of this machine is given and that this process gave no one
     lately."""
-    for _ in range(len(FREE_PORTS)):
+    for _ in range(len(_SLICE)):
         port = next(_ports)
         if bindable(port):
             return port
-    raise RuntimeError("no free port left in this test process's slice of FREE_PORTS")
+    raise RuntimeError(f"no free port in this test process's slice, {_SLICE.start}..{_SLICE.stop - 1}")
 
 
 def redis_binary() -> str:
