@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -42,3 +43,12 @@ def inside() -> bool:
     if connection is None:
         connection = _thread.connection = transaction.get_connection()
     return bool(connection.in_atomic_block)
+
+
+def on_commit_or_now(wanted: bool, push_them: Callable[[], None]) -> None:
+    """Runs ``push_them`` after the transaction commits (not at all on
+    rollback) if ``wanted`` and one is open; otherwise now."""
+    if wanted and inside():
+        transaction.on_commit(push_them)
+    else:
+        push_them()

@@ -11,7 +11,7 @@ is raised to the caller as RedisUnavailable before anything is written
 (SPEC section 8); a pipeline that never reached Redis wrote nothing, and so
 is a failover's READONLY. A refusal (OOM under maxmemory, a key of the
 wrong type) is EnqueueRefused, with the server's reason; both
-come from :func:`django_cogworker.errors.redis_boundary`.
+come from :func:`django_cogworker.errors.crossing`, as a ``redis_boundary``'s.
 
 Every payload first passes the client middleware chain
 (:mod:`django_cogworker.middleware`, unique locks included), which may change
@@ -32,8 +32,14 @@ from django.db import transaction
 from django_cogworker import atomic, confirm, direct, middleware
 from django_cogworker.bulk import Encoded, bytes_of
 from django_cogworker.conf import get_config
-from django_cogworker.connection import async_redis, follow_master, get_keys, get_redis
-from django_cogworker.errors import EnqueueNotReplicated, EnqueueRefused, redis_boundary
+from django_cogworker.connection import async_redis, get_keys, get_master, get_redis
+from django_cogworker.errors import (
+    REDIS_ERRORS,
+    EnqueueNotReplicated,
+    EnqueueRefused,
+    crossing,
+    redis_boundary,
+)
 from django_cogworker.installed import NotInstalledWarning, warn_if_not_installed  # noqa: F401 (re-exported)
 from django_cogworker.keys import Keys
 from django_cogworker.payload import Payload, encode
@@ -88,9 +94,8 @@ def enqueue_many(payloads: list[Payload], *, chunk_size: int = 1000, alike: bool
 
 
 def sync_only() -> bool:
-    """Whether an async enqueue must take the synchronous path (in a
-    thread): the testing helpers' inline mode runs jobs in the caller's
-    thread, and django-redis (``CACHE_ALIAS``) has no asyncio client."""
+    """Whether an async enqueue must take the synchronous path (in a thread):
+    inline mode runs jobs in the caller's thread; django-redis has no asyncio client."""
     return inline_runner is not None or bool(get_config().cache_alias)
 
 
@@ -168,23 +173,19 @@ def deliver(
         for payload in payloads:
             runner(payload)
         return True
+    if on_commit and atomic.inside():  # atomic.on_commit_or_now(), one call less
 
-    def write() -> None:
-        push(chain, payloads, at, also=also)
-        if then is not None:
-            then()
+        def write() -> None:
+            push(chain, payloads, at, also=also)
+            if then is not None:
+                then()
 
-    on_commit_or_now(on_commit, write)
+        transaction.on_commit(write)
+        return False
+    push(chain, payloads, at, also=also)
+    if then is not None:
+        then()
     return False
-
-
-def on_commit_or_now(wanted: bool, push_them: Callable[[], None]) -> None:
-    """Runs ``push_them`` after the transaction commits (not at all on
-    rollback) if ``wanted`` and one is open; otherwise now."""
-    if wanted and atomic.inside():
-        transaction.on_commit(push_them)
-    else:
-        push_them()
 
 
 def push(
@@ -192,11 +193,14 @@ def push(
 ) -> None:
     """Writes payloads the chain accepted: to their queues, or to the
     schedule set at epoch ``at``; with ``also``'s commands in one MULTI."""
-    with _CancelledOnFailure(chain, payloads):
+    try:
         if also is None:
             _push(payloads, at)  # the seam the tests patch to fail a push
         else:
             _push(payloads, at, also)
+    except BaseException as exc:
+        _failed(chain, payloads, exc)
+        raise
 
 
 async def apush(
@@ -204,35 +208,30 @@ async def apush(
 ) -> None:
     """:func:`push` on a ``redis.asyncio`` client, one pipeline."""
     config = get_config()
-    with _CancelledOnFailure(chain, payloads), redis_boundary("enqueue", refused=EnqueueRefused):
-        k = get_keys()
-        async with async_redis() as conn:
-            if apart := _register_apart(k, payloads, also):
-                await conn.sadd(k.queues, *apart)
-            async with conn.pipeline(transaction=also is not None) as pipe:
-                _queue_writes(pipe, k, payloads, at, also)
-                await pipe.execute()
-            _registered_now(k, payloads, at)
-            if confirm.wanted(config):
-                await confirm.aconfirm(conn, _groups(k, payloads), config, _jids(payloads))
+    try:
+        with redis_boundary("enqueue", refused=EnqueueRefused):
+            k = get_keys()
+            async with async_redis() as conn:
+                if apart := _register_apart(k, payloads, also):
+                    await conn.sadd(k.queues, *apart)
+                async with conn.pipeline(transaction=also is not None) as pipe:
+                    _queue_writes(pipe, k, payloads, at, also)
+                    await pipe.execute()
+                _registered_now(k, payloads, at)
+                if confirm.wanted(config):
+                    await confirm.aconfirm(conn, _groups(k, payloads), config, _jids(payloads))
+    except BaseException as exc:
+        _failed(chain, payloads, exc)
+        raise
 
 
-class _CancelledOnFailure:
-    """Tells the chain to cancel the payloads when the block raises (a unique
-    lock taken for one is released), unless they were pushed after all."""
-
-    def __init__(self, chain: middleware.ClientChain, payloads: list[Payload]) -> None:
-        self.chain = chain
-        self.payloads = payloads
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if exc is None or isinstance(exc, EnqueueNotReplicated):
-            return  # an EnqueueNotReplicated was pushed: a unique lock stays with the job
-        for payload in self.payloads:
-            self.chain.cancel(payload)
+def _failed(chain: middleware.ClientChain, payloads: list[Payload], exc: BaseException) -> None:
+    """Tells the chain to cancel the payloads of a push that raised ``exc``
+    (a unique lock taken for one is released), unless they were pushed
+    after all (EnqueueNotReplicated). Not a ``with``: .delay() runs it cold."""
+    if not isinstance(exc, EnqueueNotReplicated):
+        for payload in payloads:
+            chain.cancel(payload)
 
 
 #: Queue names this process registered in ``N:queues`` lately (-> monotonic
@@ -246,9 +245,8 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
     k = get_keys()
     config = get_config()
     waiting = confirm.wanted(config)
-    with redis_boundary("enqueue", refused=EnqueueRefused):
-        client = get_redis()
-        follow_master(client)
+    try:
+        client = get_master()
         if (
             at is None
             and (len(payloads) == 1 or isinstance(payloads, Encoded))
@@ -267,7 +265,7 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
                         client.lpush(key, *payloads.raws)
                 else:
                     raw = encode(payloads[0])
-                    if not direct.lpush(client, key, raw):
+                    if direct.call(client, "LPUSH", key, raw) is direct.ORDINARY:
                         client.lpush(key, raw)
                 if not fresh:
                     _registered_now(k, payloads, at)
@@ -289,6 +287,8 @@ def _push(payloads: list[Payload], at: float | None, also: Also | None = None) -
         if waiting and also is not None:
             # A MULTI's pipeline ends at EXEC: WAIT then needs a write of its own.
             confirm.confirm(client, _groups(k, payloads), config, _jids(payloads))
+    except REDIS_ERRORS as exc:
+        raise crossing(exc, "enqueue", refused=EnqueueRefused) from exc
     if waits:
         confirm.check_all(replies[-waits:], config, _jids(payloads))
 

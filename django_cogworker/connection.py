@@ -41,18 +41,34 @@ Client = Any
 
 _lock = threading.Lock()
 _client: Client | None = None
+#: Whether ``_client`` is a Sentinel client (:func:`get_master`).
+_following = False
 
 
 def get_redis() -> Client:
     """The process's Redis client for the current settings."""
-    global _client
+    global _client, _following
     client = _client
     if client is not None:
         return client
     with _lock:
         if _client is None:
-            _client = build(get_config())
+            client = build(get_config())
+            _following = is_sentinel(client)  # first: get_master reads them without the lock
+            _client = client
         return _client
+
+
+def get_master() -> Client:
+    """:func:`get_redis`'s client, ready to write: for a Sentinel client,
+    once it has :func:`follow_master`. One call for ``.delay()``, which
+    runs it cold after each pause."""
+    client = _client
+    if client is None:
+        client = get_redis()
+    if _following:
+        follow_master(client)
+    return client
 
 
 def get_keys() -> Keys:
@@ -230,50 +246,6 @@ def describe(config: Config) -> str:
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` talks to a Redis Cluster (sync or asyncio)."""
     return isinstance(client, redis.RedisCluster | redis.asyncio.RedisCluster)
-
-
-#: Connections a worker process holds besides one per processor thread: its
-#: other threads', its boot's and stop's, and room for the threads a job
-#: may start (a job's own calls ride on its thread's share while it runs).
-SPARE_CONNECTIONS = 10
-
-
-def pool_size(concurrency: int, async_concurrency: int = 0) -> int:
-    """The connections a worker process may hold at once (docs/settings.md,
-    ``REDIS_OPTIONS``): one per processor thread (held while it blocks in a
-    fetch), one per ``async def`` job in flight, and :data:`SPARE_CONNECTIONS`."""
-    return concurrency + async_concurrency + SPARE_CONNECTIONS
-
-
-def fit_pool(client: Client, config: Config, connections: int) -> None:
-    """Lets ``client``'s pool (each node's, on a cluster) open
-    ``connections`` at once, for a worker process: redis-py's own limit
-    (100 connections since redis-py 6) is below what ``-c 100`` needs, and
-    a pool that runs out fails the heartbeat. A ``max_connections`` the
-    user set (``REDIS_OPTIONS``, or the cache's pool) is theirs: a warning
-    when it is too low, no change."""
-    if is_cluster(client):
-        client.nodes_manager.connection_kwargs.setdefault("max_connections", connections)
-        pools = [
-            node.redis_connection.connection_pool for node in client.get_nodes() if node.redis_connection
-        ]
-    else:
-        pools = [client.connection_pool]
-    chosen = "max_connections" in config.redis_options or bool(config.cache_alias)
-    for pool in pools:
-        limit = getattr(pool, "max_connections", None)
-        if not isinstance(limit, int) or limit >= connections:
-            continue
-        if chosen or isinstance(pool, redis.BlockingConnectionPool):  # its size is fixed when it is made
-            logger.warning(
-                "the Redis connection pool allows %d connections, and this worker may need %d at once "
-                "(concurrency + %d): raise max_connections in REDIS_OPTIONS (or the cache's pool)",
-                limit,
-                connections,
-                SPARE_CONNECTIONS,
-            )
-            return
-        pool.max_connections = connections
 
 
 def forget_demoted_master(exc: BaseException) -> None:

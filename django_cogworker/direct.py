@@ -314,14 +314,9 @@ def call(client: Any, *args: Any) -> Any:
     return reply
 
 
-def lpush(client: Any, key: str, value: bytes) -> bool:
-    """LPUSHes ``value`` to ``key`` as above. False when the caller must
-    push the ordinary way (see :func:`call`)."""
-    return call(client, "LPUSH", key, value) is not ORDINARY
-
-
 def sadd(client: Any, key: str, member: str) -> bool:
-    """SADDs ``member`` to ``key`` as above; False as :func:`lpush`."""
+    """SADDs ``member`` to ``key`` as above. False when the caller must
+    send it the ordinary way (see :func:`call`)."""
     return call(client, "SADD", key, member) is not ORDINARY
 
 

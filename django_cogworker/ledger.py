@@ -163,12 +163,15 @@ class Ledger:
     def fetched(self, works: list[UnitOfWork], slots: Slots, buffer: deque[UnitOfWork]) -> None:
         """Ends a reservation: the jobs a call brought are held (the first
         for the caller, the rest in ``buffer`` for the threads waiting)."""
-        with self._slots:
+        # The condition's lock itself: its ``with`` is two calls more, on
+        # the way of every job an idle thread's BLMOVE brings.
+        with self.lock:
             self.reserved -= slots.count
             slots.count = 0
             self._end_call(slots)
+            held = self.held
             for work in works:
-                self.held[work.raw] += 1
+                held[work.raw] = held.get(work.raw, 0) + 1  # no Counter.__missing__ call
             buffer.extend(works[1:])
             # Kept: one waiter, to make the next call if none came, or to
             # look again when the keeper may be stuck. Else one waiter for
@@ -210,7 +213,7 @@ class Ledger:
         with self.lock:
             _decrement(self.held, work.raw)
             self.running[index] = Running(work, time.time(), self.keeping.started())
-            self._running_raw[work.raw] += 1
+            self._running_raw[work.raw] = self._running_raw.get(work.raw, 0) + 1
 
     def moved(self, index: int, to: int) -> None:
         """A running job handed from thread ``index`` to the event loop's

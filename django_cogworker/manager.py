@@ -1,6 +1,7 @@
 """The manager: the processor threads of one worker process, and its shutdown.
 
-Duties: start ``CONCURRENCY`` processors, and replace (and count) one that
+Duties: let the client's pool open a connection per thread and the
+spares (:func:`fit_pool`); start ``CONCURRENCY`` processors, and replace (and count) one that
 dies of an error of ours; on quiet, stop fetching and give back the jobs
 fetched for threads that will not run them; on shutdown (G8) quiet at once,
 wait up to ``SHUTDOWN_TIMEOUT``, interrupt what still runs (filed in retry
@@ -21,9 +22,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import redis
+
 from django_cogworker import execution, registry, threads, timeouts
-from django_cogworker.conf import QueueSpec
-from django_cogworker.connection import fit_pool, pool_size
+from django_cogworker.conf import Config, QueueSpec
+from django_cogworker.connection import Client, is_cluster
 from django_cogworker.errors import BadPayload
 from django_cogworker.fetch import FetchContext, Fetcher
 from django_cogworker.fetch_mode import Fetching
@@ -43,6 +46,50 @@ INTERRUPT_DELAY_S = 10.0
 #: After this many interrupts a job is requeued normally: a job that never
 #: fits in a deploy window must not be pushed into the future forever.
 MAX_INTERRUPTS = 3
+
+
+#: Connections a worker process holds besides one per processor thread: its
+#: other threads', its boot's and stop's, and room for the threads a job
+#: may start (a job's own calls ride on its thread's share while it runs).
+SPARE_CONNECTIONS = 10
+
+
+def pool_size(concurrency: int, async_concurrency: int = 0) -> int:
+    """The connections a worker process may hold at once (docs/settings.md,
+    ``REDIS_OPTIONS``): one per processor thread (held while it blocks in a
+    fetch), one per ``async def`` job in flight, and :data:`SPARE_CONNECTIONS`."""
+    return concurrency + async_concurrency + SPARE_CONNECTIONS
+
+
+def fit_pool(client: Client, config: Config, connections: int) -> None:
+    """Lets ``client``'s pool (each node's, on a cluster) open
+    ``connections`` at once, for a worker process: redis-py's own limit
+    (100 connections since redis-py 6) is below what ``-c 100`` needs, and
+    a pool that runs out fails the heartbeat. A ``max_connections`` the
+    user set (``REDIS_OPTIONS``, or the cache's pool) is theirs: a warning
+    when it is too low, no change."""
+    if is_cluster(client):
+        client.nodes_manager.connection_kwargs.setdefault("max_connections", connections)
+        pools = [
+            node.redis_connection.connection_pool for node in client.get_nodes() if node.redis_connection
+        ]
+    else:
+        pools = [client.connection_pool]
+    chosen = "max_connections" in config.redis_options or bool(config.cache_alias)
+    for pool in pools:
+        limit = getattr(pool, "max_connections", None)
+        if not isinstance(limit, int) or limit >= connections:
+            continue
+        if chosen or isinstance(pool, redis.BlockingConnectionPool):  # its size is fixed when it is made
+            logger.warning(
+                "the Redis connection pool allows %d connections, and this worker may need %d at once "
+                "(concurrency + %d): raise max_connections in REDIS_OPTIONS (or the cache's pool)",
+                limit,
+                connections,
+                SPARE_CONNECTIONS,
+            )
+            return
+        pool.max_connections = connections
 
 
 class Manager:

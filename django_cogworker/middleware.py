@@ -73,6 +73,14 @@ class Result:
 class ClientMiddleware:
     """Runs in the enqueuing process, before a payload is pushed."""
 
+    #: The payload fields this middleware acts on, for one that passes a
+    #: payload without any of them as it is (the unique lock:
+    #: ``unique_for``). When every middleware of the chain names its
+    #: fields, a payload with none of them skips the chain: neither
+    #: ``enqueue`` nor ``cancel`` is called. None (the default): every
+    #: payload goes through.
+    acts_on: ClassVar[frozenset[str] | None] = None
+
     def enqueue(self, payload: Payload, *, at: float | None = None) -> Payload | None:
         """The payload to push (this one or a changed copy), or None to refuse
         it. ``at`` is when a scheduled job is due (epoch s), None for now."""
@@ -115,9 +123,12 @@ class ServerMiddleware:
 class ClientChain:
     def __init__(self, items: Iterable[ClientMiddleware]) -> None:
         self.items = tuple(items)
+        self.acts_on = _acts_on(self.items)
 
     def run(self, payload: Payload, *, at: float | None = None) -> Payload | None:
         """The payload to push, or None if a middleware refused it."""
+        if self.acts_on is not None and self.acts_on.isdisjoint(payload):
+            return payload  # nothing in the chain acts on it
         passed: list[ClientMiddleware] = []
         for item in self.items:
             try:
@@ -135,7 +146,8 @@ class ClientChain:
 
     def cancel(self, payload: Payload) -> None:
         """Undo a whole run: its payload will not be pushed after all."""
-        _cancel(list(self.items), payload)
+        if self.acts_on is None or not self.acts_on.isdisjoint(payload):
+            _cancel(list(self.items), payload)
 
     def passes_unchanged(self, payload: Payload) -> bool:
         """Whether :meth:`run` returns every payload of this one's job as
@@ -201,12 +213,7 @@ class ServerChain:
         self.forms: tuple[Forms, ...] = tuple(
             (item, getattr(item, "abefore", None), getattr(item, "aafter", None)) for item in self.items
         )
-        # The fields the chain acts on (ServerMiddleware.acts_on); None when
-        # a middleware of it acts on every payload.
-        named = [item.acts_on for item in self.items]
-        self.acts_on: frozenset[str] | None = None
-        if all(fields is not None for fields in named):
-            self.acts_on = frozenset(field for fields in named if fields is not None for field in fields)
+        self.acts_on = _acts_on(self.items)
 
     def start(self, payload: Payload) -> ServerRun:
         if self.acts_on is not None and self.acts_on.isdisjoint(payload):
@@ -214,6 +221,15 @@ class ServerChain:
         # A copy shared by before() and after(): what a middleware writes in
         # it reaches neither the job nor the payload filed in retry or dead.
         return ServerRun(self, dict(payload))
+
+
+def _acts_on(items: tuple[ClientMiddleware | ServerMiddleware, ...]) -> frozenset[str] | None:
+    """The fields a chain of ``items`` acts on (their ``acts_on``); None
+    when one of them acts on every payload."""
+    named = [item.acts_on for item in items]
+    if any(fields is None for fields in named):
+        return None
+    return frozenset(field for fields in named if fields is not None for field in fields)
 
 
 #: The run of a payload that no middleware of its chain acts on: it has no

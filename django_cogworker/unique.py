@@ -67,6 +67,8 @@ def release(payload: Payload) -> bool:
 
 
 class UniqueClientMiddleware(ClientMiddleware):
+    acts_on = frozenset({"unique_for"})  # enqueue() passes a payload without one as it is
+
     def enqueue(self, payload: Payload, *, at: float | None = None) -> Payload | None:
         unique_for = payload.get("unique_for")
         if unique_for is None:

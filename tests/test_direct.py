@@ -151,7 +151,7 @@ def test_sentinel_cluster_and_single_connection_clients_keep_redis_pys_way(plain
     single = redis.Redis.from_url(plain.url, single_connection_client=True)
     try:
         for client in (sentinel, cluster, single):
-            assert direct.lpush(client, plain.key("queue:default"), b"{}") is False
+            assert direct.call(client, "LPUSH", plain.key("queue:default"), b"{}") is direct.ORDINARY
         assert plain.redis.llen(plain.key("queue:default")) == 0
     finally:
         single.close()

@@ -115,6 +115,19 @@ class Tagged(Noter):
         calls.append(("Tagged.aafter", result.status))
 
 
+class TaggedClient(ClientMiddleware):
+    """Passes every payload without ``tag_me`` as it is (``acts_on``)."""
+
+    acts_on = frozenset({"tag_me"})
+
+    def enqueue(self, payload: Payload, *, at: float | None = None) -> Payload | None:
+        calls.append(("TaggedClient.enqueue", payload["args"]))
+        return {**payload, "tagged": True}
+
+    def cancel(self, payload: Payload) -> None:
+        calls.append(("TaggedClient.cancel", payload["args"]))
+
+
 class NotAMiddleware:
     pass
 
@@ -184,6 +197,37 @@ def test_a_refusal_after_the_unique_lock_releases_it(cog):
     assert list(cog.redis.scan_iter(match=cog.key("unique:*"))) == []  # the built-in lock was undone
     assert unique.delay("other") is not None
     assert len(list(cog.redis.scan_iter(match=cog.key("unique:*")))) == 1
+
+
+def test_a_client_chain_that_acts_on_named_fields_skips_a_payload_with_none_of_them(cog):
+    cog.configure(MIDDLEWARE={"client": [f"{HERE}.TaggedClient"], "server": []})
+    chain = middleware.client_chain()
+    assert chain.acts_on == {"tag_me", "unique_for"}  # the unique lock's middleware names its field too
+    jid = jobs.record.delay("plain")
+    assert calls == []  # neither TaggedClient nor the unique lock's middleware was called
+    assert [(p["jid"], p["args"], "tagged" in p) for p in queued(cog)] == [(jid, ["plain"], False)]
+    plain = jobs.record.payload(["plain"], {})
+    chain.cancel(plain)
+    assert calls == []
+    tagged = {**jobs.record.payload(["tagged"], {}), "tag_me": 1}
+    ran = chain.run(tagged)
+    assert ran is not None and ran["tagged"] is True
+    chain.cancel(ran)
+    assert calls == [("TaggedClient.enqueue", ["tagged"]), ("TaggedClient.cancel", ["tagged"])]
+    calls.clear()
+    unique = jobs.record.set(unique_for=60)  # the lock's own field: the chain runs, TaggedClient too
+    assert unique.delay("once") is not None and unique.delay("once") is None
+    assert calls == [("TaggedClient.enqueue", ["once"])]  # the second was refused by the lock first
+    assert len(list(cog.redis.scan_iter(match=cog.key("unique:*")))) == 1
+
+
+def test_a_client_middleware_that_names_no_fields_sees_every_payload_with_the_others(cog):
+    cog.configure(MIDDLEWARE={"client": [f"{HERE}.TaggedClient", f"{HERE}.First"], "server": []})
+    assert middleware.client_chain().acts_on is None
+    jobs.record.delay("plain")
+    assert calls == [("TaggedClient.enqueue", ["plain"]), ("First.enqueue", False)]
+    (payload,) = queued(cog)
+    assert payload["tagged"] is True and payload["order"] == ["First"]
 
 
 def test_delay_many_returns_only_the_jids_pushed(cog):

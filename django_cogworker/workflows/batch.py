@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_cogworker import client, middleware
+from django_cogworker import atomic, client, middleware
 from django_cogworker.conf import get_config
 from django_cogworker.connection import get_keys, get_redis
 from django_cogworker.context import current_job
@@ -162,7 +162,7 @@ def building(built: Batch) -> Iterator[Batch]:
         outer.members.append((state.child_id(built.bid), None, None))
         outer.children.append(built)
         return
-    client.on_commit_or_now(get_config().enqueue_on_commit, built.push)
+    atomic.on_commit_or_now(get_config().enqueue_on_commit, built.push)
 
 
 def batch(
