@@ -173,7 +173,7 @@ def deliver(
         for payload in payloads:
             runner(payload)
         return True
-    if on_commit and atomic.inside():  # atomic.on_commit_or_now(), one call less
+    if on_commit and atomic.inside():  # atomic.on_commit_or_now(), inline: a call less for .delay()
 
         def write() -> None:
             push(chain, payloads, at, also=also)

@@ -1,8 +1,8 @@
 """The manager: the processor threads of one worker process, and its shutdown.
 
 Duties: let the client's pool open a connection per thread and the
-spares (:func:`fit_pool`); start ``CONCURRENCY`` processors, and replace (and count) one that
-dies of an error of ours; on quiet, stop fetching and give back the jobs
+spares (:func:`fit_pool`); start ``CONCURRENCY`` processors, and replace
+(and count) one that dies of an error of ours; on quiet, stop fetching and give back the jobs
 fetched for threads that will not run them; on shutdown (G8) quiet at once,
 wait up to ``SHUTDOWN_TIMEOUT``, interrupt what still runs (filed in retry
 a little ahead, a bounded number of times), and have the settler put the
