@@ -173,18 +173,16 @@ def deliver(
         for payload in payloads:
             runner(payload)
         return True
+
+    def write() -> None:
+        push(chain, payloads, at, also=also)
+        if then is not None:
+            then()
+
     if on_commit and atomic.inside():  # atomic.on_commit_or_now(), inline: a call less for .delay()
-
-        def write() -> None:
-            push(chain, payloads, at, also=also)
-            if then is not None:
-                then()
-
         transaction.on_commit(write)
-        return False
-    push(chain, payloads, at, also=also)
-    if then is not None:
-        then()
+    else:
+        write()
     return False
 
 

@@ -94,8 +94,9 @@ class ClientMiddleware:
         """Whether :meth:`enqueue` returns every payload of this one's job
         as it is, unchanged and never refused. When every middleware of
         the chain says so, ``delay_many`` skips the chain and encodes its
-        payloads together. False unless a subclass knows better."""
-        return False
+        payloads together. By default, True only for a payload with none
+        of the fields named in :attr:`acts_on`."""
+        return self.acts_on is not None and self.acts_on.isdisjoint(payload)
 
 
 class ServerMiddleware:

@@ -86,9 +86,6 @@ class UniqueClientMiddleware(ClientMiddleware):
     def cancel(self, payload: Payload) -> None:
         release(payload)
 
-    def passes_unchanged(self, payload: Payload) -> bool:
-        return payload.get("unique_for") is None  # as enqueue() reads it
-
 
 class UniqueServerMiddleware(ServerMiddleware):
     acts_on = frozenset({"unique_digest"})  # both methods act only on a payload with one
