@@ -29,6 +29,7 @@ import redis
 
 from django_cogworker.acks import Acks, Owed
 from django_cogworker.conf import Config, QueueSpec
+from django_cogworker.connection import is_sentinel
 from django_cogworker.direct_blocking import BlockingConnections
 from django_cogworker.errors import UnsupportedServer, is_full, is_unavailable, is_unknown_command
 from django_cogworker.filing import file_job
@@ -37,7 +38,7 @@ from django_cogworker.ledger import Ledger, Slots
 from django_cogworker.process import Registration
 from django_cogworker.requeue import ORPHANINGS_TTL_S, orphan_count, requeue_one
 from django_cogworker.scripts import script
-from django_cogworker.waiting import Backoff, Idle, Waiters
+from django_cogworker.waiting import Backoff, Idle, Paused, Waiters
 from django_cogworker.work import UnitOfWork
 
 if TYPE_CHECKING:
@@ -52,8 +53,7 @@ BLOCKING_TIMEOUT_S = 1.0
 #: polls with fetch.lua, which it takes, this long before it blocks again.
 FULL_POLL_S = 5.0
 
-#: How often the paused-queue set is re-read; a broken queue is logged.
-PAUSED_REFRESH_S = 1.0
+#: How often a broken queue is logged.
 BROKEN_QUEUE_LOG_INTERVAL_S = 60.0
 
 logger = logging.getLogger("django_cogworker")
@@ -87,32 +87,15 @@ class Fetcher:
     def __init__(self, ctx: FetchContext, acks: Acks) -> None:
         self.ctx = ctx
         self.acks = acks
-        self.client = ctx.client
-        self.keys = ctx.keys
-        self._paused: frozenset[str] | None = None  # not read yet
-        self._paused_at = 0.0
+        self.client, self.keys = ctx.client, ctx.keys
+        self.paused = Paused(ctx.client, ctx.keys.paused)
         self._idle = Idle()
         self.backoff = Backoff(ctx.config.fetch_idle_max_interval_s, ctx.quiet)
-        self._paused_lock = threading.Lock()
         self._broken_logged_at = -BROKEN_QUEUE_LOG_INTERVAL_S
 
     def active_queues(self) -> list[str]:
         """Queue names to try now, in order (weighted: shuffled by weight)."""
-        now = time.monotonic()
-        paused = self._paused
-        if paused is None or now - self._paused_at > PAUSED_REFRESH_S:
-            # Of the threads whose waits end together, the one that takes the
-            # lock reads it; the others keep the set read a second ago (only
-            # the very first read makes them wait for it).
-            if self._paused_lock.acquire(blocking=paused is None):
-                try:
-                    if self._paused is None or now - self._paused_at > PAUSED_REFRESH_S:
-                        self._paused = frozenset(m.decode() for m in self.client.smembers(self.keys.paused))
-                        self._paused_at = now
-                finally:
-                    self._paused_lock.release()
-            paused = self._paused
-            assert paused is not None
+        paused = self.paused.now()
         specs = [q for q in self.ctx.queues if q.name not in paused]
         if not any(q.weight for q in specs):
             return [q.name for q in specs]
@@ -211,6 +194,7 @@ class ReliableFetch(Fetcher):
         self.buffer: collections.deque[UnitOfWork] = collections.deque()
         self.waiters = Waiters(ctx.queues)
         self._full_at = -FULL_POLL_S  # monotonic time of the last BLMOVE refused for want of memory
+        self._renewing = not is_sentinel(ctx.client)  # else its master is followed between waits
 
     def retrieve(self) -> UnitOfWork | None:
         """The next job. The ack of the thread's previous job, waiting in
@@ -270,10 +254,12 @@ class ReliableFetch(Fetcher):
             self.ctx.ledger.shrink(slots, 1)
             queue = self.waiters.enter(queues)
             try:
-                sent = self.ctx.registration.stamp()
-                raw = self.ctx.blocking.blmove(
-                    self.client, self.keys.queue(queue), self.inprogress, BLOCKING_TIMEOUT_S
-                )
+                key = self.keys.queue(queue)
+                while True:
+                    sent = self.ctx.registration.stamp()
+                    raw = self.ctx.blocking.blmove(self.client, key, self.inprogress, BLOCKING_TIMEOUT_S)
+                    if raw is not None or not self.renews(queue):
+                        break
             finally:
                 self.waiters.leave(queue)
         except redis.ResponseError as exc:
@@ -296,6 +282,20 @@ class ReliableFetch(Fetcher):
         # (no polling), until a job comes.
         self._idle.blocking = raw is None
         return [] if raw is None else [UnitOfWork(queue, raw, sent)]
+
+    def renews(self, queue: str) -> bool:
+        """Whether a thread whose wait on ``queue`` ended empty waits again at
+        once, in a few calls: nothing that retrieve() would do first is due."""
+        ctx = self.ctx
+        return (
+            self._renewing
+            and not ctx.quiet.is_set()
+            and not self.acks
+            and not self.buffer
+            and ctx.registration.awaited(ctx.quiet)
+            and not self.paused.now()
+            and self.waiters.stays(queue)
+        )
 
     def fetch_script(self, queues: list[str], acks: list[Owed], want: int) -> Any:
         k = self.keys

@@ -9,23 +9,29 @@ a tie. With at least as many
 idle threads as queues, every queue has a thread blocked on it and nothing
 polls; with fewer, the queues left without one are looked at by the fetch
 script that a thread runs, in order, each time its wait ends (one wait,
-1 s, at most between two looks). And pause a thread that has to poll: a
-full Redis refuses ``BLMOVE`` (it may grow memory), and a broken queue
-cannot be waited on. And know, per thread, whether its next fetch blocks
-(:class:`Idle`).
+1 s, at most between two looks). A thread whose wait ended empty waits
+again on the same queue at once where that is where it would go anyway
+(:meth:`Waiters.stays`). And pause a thread that has to poll: a full Redis
+refuses ``BLMOVE`` (it may grow memory), and a broken queue cannot be
+waited on. And know, per thread, whether its next fetch blocks
+(:class:`Idle`), and which queues are paused (:class:`Paused`).
 """
 
 from __future__ import annotations
 
 import random
 import threading
-from collections import Counter
+import time
 from collections.abc import Iterable
+from typing import Any
 
 from django_cogworker.conf import QueueSpec
 
 #: First pause of a polling thread.
 FIRST_PAUSE_S = 0.25
+
+#: How often the paused-queue set is read again.
+PAUSED_REFRESH_S = 1.0
 
 
 class Idle(threading.local):
@@ -45,7 +51,7 @@ class Waiters:
         # counts alone spread the threads and the order breaks ties.
         self._weight = {q.name: max(q.weight, 1) for q in specs}
         self._order = {name: i for i, name in enumerate(self._weight)}
-        self._count: Counter[str] = Counter()
+        self._count = dict.fromkeys(self._weight, 0)
         self._lock = threading.Lock()
 
     def enter(self, queues: list[str]) -> str:
@@ -60,6 +66,21 @@ class Waiters:
         with self._lock:
             self._count[queue] -= 1
 
+    def stays(self, queue: str) -> bool:
+        """Whether a thread whose wait on ``queue`` ended empty may wait on
+        it again without leaving: every other queue has a thread waiting on
+        it, and :meth:`enter` would send the thread back to ``queue``. The
+        waits of threads that went idle together end together; a thread that
+        stays renews its wait in a few calls (racy, as :meth:`uncovered`)."""
+        count, order = self._count, self._order
+        n, weight = count[queue], self._weight[queue]
+        mine = (n > 1, n / weight, order[queue])
+        for other, weight in self._weight.items():
+            n = count[other]
+            if other != queue and (n <= 0 or (True, (n + 1) / weight, order[other]) < mine):
+                return False
+        return True
+
     def uncovered(self, queues: list[str]) -> int:
         """How many of ``queues`` no thread waits on now (racy by design:
         a hint for whether to look at the queues with the fetch script)."""
@@ -69,6 +90,34 @@ class Waiters:
     def _load_after_one_more(self, queue: str) -> tuple[bool, float, int]:
         count = self._count[queue]
         return (count > 0, (count + 1) / self._weight.get(queue, 1), self._order.get(queue, 0))
+
+
+class Paused:
+    """The names of the paused queues, read again once a second at most, by
+    one of the threads that ask meanwhile."""
+
+    def __init__(self, client: Any, key: str) -> None:
+        self._client, self._key = client, key
+        self._paused: frozenset[str] | None = None  # not read yet
+        self._at = 0.0
+        self._lock = threading.Lock()
+
+    def now(self) -> frozenset[str]:
+        paused = self._paused
+        if paused is None or time.monotonic() - self._at > PAUSED_REFRESH_S:
+            # Of the threads whose waits end together, the one that takes the
+            # lock reads it; the others keep the set read a second ago (only
+            # the very first read makes them wait for it).
+            if self._lock.acquire(blocking=paused is None):
+                try:
+                    if self._paused is None or time.monotonic() - self._at > PAUSED_REFRESH_S:
+                        self._paused = frozenset(m.decode() for m in self._client.smembers(self._key))
+                        self._at = time.monotonic()
+                finally:
+                    self._lock.release()
+            paused = self._paused
+            assert paused is not None
+        return paused
 
 
 class Backoff:

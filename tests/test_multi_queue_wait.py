@@ -1,11 +1,15 @@
 """G9 with several queues: an idle worker waits on every queue with
 ``BLMOVE`` (its idle threads spread over them), so a push to any of them
 wakes it without a poll; with fewer threads than queues, each wait that ends
-is followed by one look at every queue in order. Read with MONITOR on a real
-server, with real worker processes."""
+is followed by one look at every queue in order; a wait that ended empty is
+renewed on the same queue without going back through ``retrieve()`` when
+that is where the thread would go (``Waiters.stays``,
+``ReliableFetch.renews``). Read with MONITOR on a real server, with real
+worker processes, or by patching an in-process worker's calls."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -13,8 +17,12 @@ from typing import Any
 
 import redis
 
+from django_cogworker.conf import parse_queue
 from django_cogworker.connection import get_keys
+from django_cogworker.direct_blocking import BlockingConnections
+from django_cogworker.fetch import ReliableFetch
 from django_cogworker.scripts import script
+from django_cogworker.waiting import Waiters
 from testproject.testapp import jobs
 from tests.conftest import CogEnv, wait_for
 
@@ -116,3 +124,111 @@ def test_g9_weighted_queues_spread_the_waiting_threads_by_weight(cog: CogEnv) ->
     # Six threads wait on "a" and two on "b" (renewing each second).
     assert waited_on[k.queue("a")] >= 2 * waited_on[k.queue("b")] > 0, waited_on
     assert len([kind for _, kind, _ in seen if kind == "fetch script"]) <= 3, seen
+
+
+def runs(cog: CogEnv) -> Counter[str]:
+    return Counter(note["jid"] for note in cog.notes("runs"))
+
+
+def spread(specs: list[str], threads: int) -> Waiters:
+    """``threads`` idle threads entered, as a worker's would, one by one."""
+    waiters = Waiters([parse_queue(spec) for spec in specs])
+    names = [parse_queue(spec).name for spec in specs]
+    for _ in range(threads):
+        waiters.enter(names)
+    return waiters
+
+
+def test_a_thread_stays_on_its_queue_when_every_queue_has_its_share():
+    waiters = spread(["a", "b", "c"], 6)  # two on each
+    assert all(waiters.stays(q) for q in "abc")
+
+
+def test_a_thread_does_not_stay_while_another_queue_has_no_thread_waiting():
+    waiters = spread(["a", "b"], 2)
+    waiters.leave("b")  # b's thread took a job
+    assert not waiters.stays("a")
+    waiters.enter(["a", "b"])
+    assert waiters.stays("a") and waiters.stays("b")
+
+
+def test_a_thread_moves_to_the_queue_that_lacks_threads_for_its_weight():
+    waiters = spread(["a,3", "b,1"], 4)  # three on a, one on b
+    assert waiters.stays("a") and waiters.stays("b")
+    waiters.leave("a")
+    waiters.enter(["b"])  # as after a burst on b: two on a, two on b
+    assert not waiters.stays("b"), "a thread on b would go back to a (2/3 against 2/1)"
+    assert waiters.stays("a")
+
+
+def test_a_lone_thread_on_one_queue_stays():
+    assert spread(["default"], 1).stays("default")
+
+
+class Sends:
+    """Every BLMOVE an in-process worker's threads send: the thread and
+    the queue key, in order."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.seen: list[tuple[int, str]] = []
+        self.retrieves = 0
+        original, retrieve = BlockingConnections.blmove, ReliableFetch.retrieve
+
+        def blmove(connections: Any, client: Any, source: str, *args: Any) -> Any:
+            self.seen.append((threading.get_ident(), source))
+            return original(connections, client, source, *args)
+
+        def counted(fetch: ReliableFetch) -> Any:
+            self.retrieves += 1
+            return retrieve(fetch)
+
+        monkeypatch.setattr(BlockingConnections, "blmove", blmove)
+        monkeypatch.setattr(ReliableFetch, "retrieve", counted)
+
+    def last_by_thread(self) -> dict[int, str]:
+        return dict(self.seen)
+
+
+def test_g9_idle_threads_renew_their_waits_without_going_back_through_retrieve(cog, in_process, monkeypatch):
+    """The waits of idle threads end each second, all together; a thread
+    whose queue needs it no less renews its wait at once, in a few calls,
+    rather than through retrieve(), whose calls then held the GIL and the
+    CPU that the thread getting a job needed."""
+    threads = 10
+    cog.configure(QUEUES=QUEUES, CONCURRENCY=threads)
+    sends = Sends(monkeypatch)
+    in_process()
+    # Each thread's first wait, then at least two renewals of each, in about three seconds.
+    wait_for(lambda: len(sends.seen) >= threads * 3, 15, "the idle threads to renew their waits twice")
+    assert len(sends.last_by_thread()) == threads
+    # One retrieve() a thread to begin with; a renewal that went back through it would count one more.
+    assert sends.retrieves <= threads + 2, (sends.retrieves, len(sends.seen))
+    # A job on any queue still wakes a thread at once, and the threads keep their spread.
+    jid = str(jobs.record_mail.set(queue="q3").delay("renewed"))
+    wait_for(lambda: runs(cog)[jid], 10, "the job pushed to a queue waited on by renewed waits")
+
+
+def test_g9_a_queue_paused_while_idle_threads_wait_on_it_is_left(cog, in_process, monkeypatch):
+    """A thread renewing its wait reads the paused queues too: once a queue
+    is paused, its threads wait on the others, and its jobs stay queued."""
+    cog.configure(QUEUES=["default", "mail"], CONCURRENCY=2)
+    sends = Sends(monkeypatch)
+    in_process()
+    mail = get_keys().queue("mail")
+    wait_for(lambda: mail in sends.last_by_thread().values(), 10, "a thread waiting on the mail queue")
+    wait_for(lambda: len(sends.seen) >= 4, 10, "a renewal of each thread's wait")
+    cog.redis.sadd(get_keys().paused, "mail")
+    paused_at = len(sends.seen)
+    # The paused set is read again within a second, and each wait ends within one.
+    wait_for(
+        lambda: len(sends.seen) >= paused_at + 6 and mail not in sends.last_by_thread().values(),
+        10,
+        "the threads to leave the paused queue",
+    )
+    jid = str(jobs.record_mail.delay("paused"))
+    before = len(sends.seen)
+    wait_for(lambda: len(sends.seen) >= before + 2, 10, "a renewal of each wait after the push")
+    assert not runs(cog)[jid]
+    assert cog.redis.llen(mail) == 1
+    cog.redis.srem(get_keys().paused, "mail")
+    wait_for(lambda: runs(cog)[jid], 10, "the mail job, once unpaused")
