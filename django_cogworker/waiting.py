@@ -72,10 +72,10 @@ class Waiters:
         it, and :meth:`enter` would send the thread back to ``queue``. The
         waits of threads that went idle together end together; a thread that
         stays renews its wait in a few calls (racy, as :meth:`uncovered`)."""
-        count, order = self._count, self._order
-        n, weight = count[queue], self._weight[queue]
-        mine = (n > 1, n / weight, order[queue])
-        for other, weight in self._weight.items():
+        count, order, weights = self._count, self._order, self._weight
+        here = count[queue]  # this thread counted: enter()'s key for it once it has left
+        mine = (here > 1, here / weights[queue], order[queue])
+        for other, weight in weights.items():
             n = count[other]
             if other != queue and (n <= 0 or (True, (n + 1) / weight, order[other]) < mine):
                 return False
