@@ -1,16 +1,17 @@
 """The manager: the processor threads of one worker process, and its shutdown.
 
-Duties: let the client's pool open a connection per thread and the
-spares (:func:`fit_pool`); start ``CONCURRENCY`` processors, and replace
-(and count) one that dies of an error of ours; on quiet, stop fetching and give back the jobs
-fetched for threads that will not run them; on shutdown (G8) quiet at once,
-wait up to ``SHUTDOWN_TIMEOUT``, interrupt what still runs (filed in retry
-a little ahead, a bounded number of times), and have the settler put the
-rest of this process's list back; a run past its ``hard_timeout``
-(``timeouts.py``) asks for that shutdown (the launcher exits with status 3),
-and is filed as failed with ``JobTimeout``, once, before the process
-exits: it never starts again while its stuck thread lives. The memory of the jobs is the ledger's,
-telling Redis how they ended is the settler's, the fetch is the fetcher's.
+Duties: let the client's pool open a connection per thread and the spares
+(:func:`fit_pool`); start ``CONCURRENCY`` processors, and replace (and
+count) one that dies of an error of ours; on quiet, stop fetching and give
+back the jobs fetched for threads that will not run them; on shutdown (G8)
+quiet at once, wait up to ``SHUTDOWN_TIMEOUT``, interrupt what still runs
+(filed in retry a little ahead, a bounded number of times), and have the
+settler put the rest of this process's list back; a run past its
+``hard_timeout`` (``timeouts.py``) asks for that shutdown (the launcher
+exits with status 3), and is filed as failed with ``JobTimeout``, once,
+before the process exits: it never starts again while its stuck thread
+lives. The memory of the jobs is the ledger's, telling Redis how they
+ended is the settler's, the fetch is the fetcher's.
 """
 
 from __future__ import annotations

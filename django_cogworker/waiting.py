@@ -58,8 +58,9 @@ class Waiters:
         """The queue for the calling thread to wait on, among ``queues``
         (the unpaused ones), counted until :meth:`leave`."""
         with self._lock:
-            queue = min(queues, key=self._load_after_one_more)
-            self._count[queue] += 1
+            count = self._count
+            queue = min(queues, key=lambda q: self._rank(q, count[q]))
+            count[queue] += 1
             return queue
 
     def leave(self, queue: str) -> None:
@@ -72,12 +73,10 @@ class Waiters:
         it, and :meth:`enter` would send the thread back to ``queue``. The
         waits of threads that went idle together end together; a thread that
         stays renews its wait in a few calls (racy, as :meth:`uncovered`)."""
-        count, order, weights = self._count, self._order, self._weight
-        here = count[queue]  # this thread counted: enter()'s key for it once it has left
-        mine = (here > 1, here / weights[queue], order[queue])
-        for other, weight in weights.items():
-            n = count[other]
-            if other != queue and (n <= 0 or (True, (n + 1) / weight, order[other]) < mine):
+        count = self._count
+        mine = self._rank(queue, count[queue] - 1)  # as if it had left
+        for other, waiting in count.items():
+            if other != queue and (waiting <= 0 or self._rank(other, waiting) < mine):
                 return False
         return True
 
@@ -87,9 +86,11 @@ class Waiters:
         count = self._count
         return sum(1 for q in queues if count[q] <= 0)
 
-    def _load_after_one_more(self, queue: str) -> tuple[bool, float, int]:
-        count = self._count[queue]
-        return (count > 0, (count + 1) / self._weight.get(queue, 1), self._order.get(queue, 0))
+    def _rank(self, queue: str, waiting: int) -> tuple[bool, float, int]:
+        """How :meth:`enter` ranks ``queue`` with ``waiting`` threads on it
+        (the lowest is taken): one no thread waits on first, then the fewest
+        for its weight, then the earlier in order."""
+        return (waiting > 0, (waiting + 1) / self._weight[queue], self._order[queue])
 
 
 class Paused:
@@ -103,16 +104,16 @@ class Paused:
         self._lock = threading.Lock()
 
     def now(self) -> frozenset[str]:
-        paused = self._paused
-        if paused is None or time.monotonic() - self._at > PAUSED_REFRESH_S:
+        paused, now = self._paused, time.monotonic()
+        if paused is None or now - self._at > PAUSED_REFRESH_S:
             # Of the threads whose waits end together, the one that takes the
             # lock reads it; the others keep the set read a second ago (only
             # the very first read makes them wait for it).
             if self._lock.acquire(blocking=paused is None):
                 try:
-                    if self._paused is None or time.monotonic() - self._at > PAUSED_REFRESH_S:
+                    if self._paused is None or now - self._at > PAUSED_REFRESH_S:
                         self._paused = frozenset(m.decode() for m in self._client.smembers(self._key))
-                        self._at = time.monotonic()
+                        self._at = now
                 finally:
                     self._lock.release()
             paused = self._paused
