@@ -21,6 +21,14 @@ checkout's code, against a redis-server of its own:
   block: through Django's lookup of the thread's database connection
   (asgiref's ``Local``), and with the connection kept per thread as
   ``.delay()`` asks it (``django_cogworker/atomic.py``).
+- ``.delay()``'s way, one layer more at each row, each reply included:
+  the payload's fields written inline, encoded (``payload.encode``) and
+  pushed on a raw socket, as the floor's enqueue pushes its own;
+  ``Job.checked_payload`` instead of the inline fields; the push through
+  ``direct.call`` on the fast path's connection instead of the raw socket;
+  through ``client._push`` (keys, settings, the queue's registration);
+  through ``client.enqueue`` (the client chain, the on-commit rule). Each
+  row's difference to the one before is what that layer costs cold.
 
 Medians and 90th percentiles, in microseconds. To compare two commits, run
 it from a checkout of each, one after the other.
@@ -72,6 +80,36 @@ def djangos_lookup():
     return transaction.get_connection().in_atomic_block
 
 
+from django_cogworker import client, direct
+from django_cogworker.connection import get_keys, get_master
+from django_cogworker.payload import encode, new_jid
+
+queue_key = get_keys().queue(noop.queue)
+
+
+def inline_payload():
+    now = time.time()
+    return {"jid": new_jid(), "job": noop.name, "args": [], "kwargs": {}, "queue": noop.queue,
+            "retry": noop.retry, "created_at": now, "enqueued_at": now}
+
+
+def raw_push(body):
+    raw.sendall(b"*3\\r\\n$5\\r\\nLPUSH\\r\\n$10\\r\\ncold:probe\\r\\n$%d\\r\\n%b\\r\\n" % (len(body), body))
+    raw.recv(64)
+
+
+def direct_push():
+    direct.call(get_master(), "LPUSH", queue_key, encode(inline_payload()))
+
+
+layers = {
+    "inline payload, encoded, raw socket": lambda: raw_push(encode(inline_payload())),
+    "`Job.checked_payload`, raw socket": lambda: raw_push(encode(noop.checked_payload((), {}))),
+    "inline payload, `direct.call`": direct_push,
+    "inline payload, `client._push`": lambda: client._push([inline_payload()], None),
+    "inline payload, `client.enqueue`": lambda: client.enqueue(inline_payload()),
+}
+
 ways = {
     "nothing": nothing,
     "a small dict": small_dict,
@@ -79,6 +117,7 @@ ways = {
     "`.delay()`": noop.delay,
     "the transaction check, Django's lookup": djangos_lookup,
     "the transaction check, the connection kept per thread": atomic.inside,
+    **layers,
 }
 samples = {name: [] for name in [*ways, "`.delay()` right after the raw `LPUSH`"]}
 for _ in range(calls):
