@@ -99,7 +99,9 @@ def raw_push(body):
 
 
 def direct_push():
-    direct.call(get_master(), "LPUSH", queue_key, encode(inline_payload()))
+    # ORDINARY would mean nothing was sent: the row would time less than a push.
+    if direct.call(get_master(), "LPUSH", queue_key, encode(inline_payload())) is direct.ORDINARY:
+        raise SystemExit("cold_calls: the fast path is off (FAST_PATH, or redis-py untested)")
 
 
 layers = {
