@@ -135,6 +135,13 @@ MEMBERS = 45
 JOB_S = 0.2
 
 
+def members_running(cog: CogEnv, tick: int) -> bool:
+    """Whether a member of the chaos's batch of ``tick`` has started and not ended."""
+    tags = {f"{tick}-{i}" for i in range(MEMBERS)}
+    started = sum(1 for n in ran(cog, "started") if str(n["tag"]) in tags)
+    return started > sum(1 for n in ran(cog, "runs") if str(n["tag"]) in tags)
+
+
 def expected(tick: int) -> set[str]:
     """The events of the chaos's batch of ``tick``: with its doomed member, or without."""
     return {"complete", "death", "settled"} if tick % 2 else {"success", "complete", "settled"}
@@ -176,7 +183,11 @@ def test_g22_sharded_sigkill_chaos_over_three_masters_each_callback_once_nothing
         name = f"c{tick}"
         chain(*(batch_jobs.link.s(name, i, JOB_S).set(queue=three[i]) for i in range(3))).delay()
         chains.append(name)
-        time.sleep(rng.uniform(0.2, 0.8) * TICK_S)
+        # The kill lands while this tick's members run (each takes JOB_S),
+        # at a drawn moment of the first of them: a kill after they all
+        # ended would test nothing, and a fast machine ends them early.
+        wait_for(lambda t=tick: members_running(cog, t), STALL_S, f"a member of tick {tick} to start")
+        time.sleep(rng.uniform(0.0, 0.5) * JOB_S)
         where = rng.choice(sorted(workers))
         kill(workers[where])
         kills += 1
