@@ -28,7 +28,7 @@ from django.contrib import admin
 from django.core.management import call_command
 from django.urls import path
 
-from django_cogworker import chain, chord, views
+from django_cogworker import api, chain, chord, views
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs, limited_jobs
 from testproject.testapp import workflow_jobs as wf
@@ -151,12 +151,21 @@ def test_no_key_of_the_namespace_holding_garbage_breaks_a_page_the_scrape_or_the
     limited_jobs.charge.delay()
     worker = cog.start_worker("-c", "4")
     wait_for(lambda: cog.redis.zcard(k.dead) >= 5, 60, "the failures to reach dead")
+    # Two jobs that stay running (the busy pages; a limiter with a holder,
+    # which the sweep keeps listed), every other one ended, so that no page
+    # the crawl finds ends under it; the job names' metrics written by a beat.
     jobs.sleep_then_record.delay(120, "running")
-    wait_for(
-        lambda: b"sleep_then_record" in b"".join(cog.redis.lrange(k.inprogress(worker.identity()), 0, -1)),
-        30,
-        "a job to be running",
-    )
+    limited_jobs.erp_sync.delay(120, "holding")
+    held = k.inprogress(worker.identity())
+
+    def settled() -> bool:
+        running = sorted(b"sleep_then_record" in raw for raw in cog.redis.lrange(held, 0, -1))
+        queued = sum(cog.redis.llen(k.queue(q)) for q in ("default", "mail", "low"))
+        return running == [False, True] and not queued
+
+    wait_for(settled, 60, "every job but the two long ones to end")
+    wait_for(lambda: "erp" in {limit.name for limit in api.Limit.all()}, 60, "the held limiter to be listed")
+    wait_for(lambda: cog.redis.hlen(k.metrics_totals) > 0, 60, "a beat to write the metrics")
     pages = crawl(superclient)
     # Every kind of page is among them: a job's, a queue's, a batch's, a limiter's, a job name's metrics.
     found = {route(p) for p in pages}
