@@ -135,6 +135,23 @@ def wait_for(
 PROGRESS_LIMIT = 10
 
 
+def monitored(url: str, namespace: str, action: Callable[[], Any]) -> list[list[str]]:
+    """The commands (their words) that reached the server at ``url`` while
+    ``action()`` ran, those naming a key of ``namespace`` only (MONITOR:
+    what Redis received, whichever way it was sent, in a script too)."""
+    end = f"{namespace}:end-of-action"
+    seen = []
+    with redis.Redis.from_url(url, socket_timeout=30) as client, client.monitor() as monitor:
+        action()
+        client.echo(end)
+        while True:
+            words = monitor.next_command()["command"].split()
+            if words[:2] == ["ECHO", end]:
+                return seen
+            if any(word.startswith(namespace + ":") for word in words[1:]):
+                seen.append(words)
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time of a process and of its live children (Linux ``/proc``): a
     process that boots or works on a loaded machine keeps adding to it; one

@@ -12,7 +12,6 @@ from html import unescape
 from typing import Any
 
 import pytest
-import redis
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
@@ -20,7 +19,7 @@ from django_cogworker import api
 from django_cogworker.admin.helpers import segment
 from django_cogworker.payload import encode
 from testproject.testapp import jobs
-from tests.conftest import wait_for
+from tests.conftest import monitored, wait_for
 
 BASE = "/admin/django_cogworker/job/"
 
@@ -664,18 +663,8 @@ def test_api_bulk_moves_each_entry_once(cog):
 
 def sent_by(cog: Any, action: Any) -> Counter[str]:
     """The commands ``action()`` sent to the server on keys of this test's
-    namespace, by name (MONITOR: what reached Redis, whichever way it was sent)."""
-    end = f"{cog.namespace}:end-of-action"
-    seen: Counter[str] = Counter()
-    with redis.Redis.from_url(cog.url, socket_timeout=30) as client, client.monitor() as monitor:
-        action()
-        cog.redis.echo(end)
-        while True:
-            words = monitor.next_command()["command"].split()
-            if words[:2] == ["ECHO", end]:
-                return seen
-            if cog.namespace in " ".join(words[1:]):
-                seen[words[0].upper()] += 1
+    namespace, by name."""
+    return Counter(words[0].upper() for words in monitored(cog.url, cog.namespace, action))
 
 
 def test_a_dead_set_of_100k_pages_with_calls_bounded_by_the_page_or_the_scan(cog, superclient, capsys):

@@ -5,18 +5,20 @@ The targeted tests (``test_malformed_records``, ``test_hostile_strings``,
 the batches' and limits' pages) each plant one kind of garbage where they
 know it is read. This one does not choose: a worker makes the records a
 busy deployment has (queued, running, scheduled, retrying and dead jobs, a
-chain, a chord with a dead member, limiters with jobs waiting), every page
-the admin links to is found by following its links, and then each key of
-the namespace in turn is replaced, first by a key of another type, then by
+chain, a chord with a dead member, a limiter held), every page the admin
+links to is found by following its links, and then each key of the
+namespace in turn is replaced, first by a key of another type, then by
 members that are not numbers, not JSON or not UTF-8, and every kind of page
-is loaded again (one of each route: a job's page stands for every job's),
-with the Prometheus scrape and ``cogworker_status --json``. A page may say
-that a record is malformed or that Redis refused (503); it never raises.
+that reads it is loaded again (one of each route: a job's page stands for
+every job's; what a page reads, MONITOR says), with the Prometheus scrape
+and ``cogworker_status --json``. A page may say that a record is malformed
+or that Redis refused (503); it never raises.
 Real Redis, a real worker process (stopped with SIGSTOP while the keys are
 swapped, so that its beats do not write them back), Django's test client."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import signal
@@ -32,13 +34,15 @@ from django_cogworker import api, chain, chord, views
 from django_cogworker.connection import get_keys
 from testproject.testapp import jobs, limited_jobs
 from testproject.testapp import workflow_jobs as wf
-from tests.conftest import CogEnv, wait_for
+from tests.conftest import CogEnv, monitored, wait_for
 
 urlpatterns = [path("admin/", admin.site.urls), path("cogworker/metrics", views.metrics)]
 pytestmark = pytest.mark.urls(__name__)
 
 BASE = "/admin/django_cogworker/job/"
 METRICS = "/cogworker/metrics"
+#: ``cogworker_status --json``, run in this process.
+STATUS = "cogworker_status"
 STARTS = [
     *(
         BASE + page + "/"
@@ -65,48 +69,63 @@ def route(url: str) -> str:
 
 def crawl(client: Any) -> list[str]:
     """One page of each route the admin links to from its pages (no
-    deletion links), each answered 200 (the changelist, which redirects to
-    the dashboard, aside)."""
-    seen: dict[str, str] = {}
-    todo = list(STARTS)
+    deletion links), each answered 200. A page that redirects is passed
+    over: the changelist (to the dashboard), and a running job's page when
+    the job ended after the busy page, a beat behind, listed it."""
+    pages: dict[str, str] = {}
+    todo, visited = list(STARTS), set()
     while todo:
         url = todo.pop(0)
-        if route(url) in seen:
+        if route(url) in pages or url in visited:
             continue
+        visited.add(url)
         response = client.get(url)
-        seen[route(url)] = url
-        if url == BASE and response.status_code == 302:
+        if response.status_code == 302 and (url == BASE or route(url) == "busy/*/*/*"):
             continue
         assert response.status_code == 200, (url, response.status_code)
+        pages[route(url)] = url
         for href in re.findall(r'href="([^"]+)"', response.content.decode()):
             href = unescape(href)
-            if href.startswith(BASE) and "delete" not in href and route(href) not in seen:
+            if href.startswith(BASE) and "delete" not in href and route(href) not in pages:
                 todo.append(href)
-    return list(seen.values())
+    return list(pages.values())
 
 
-def broken(client: Any, pages: list[str]) -> list[tuple[str, str]]:
-    """The pages (and the scrape, and the status command) that raised or
+def status() -> None:
+    with contextlib.suppress(SystemExit):  # its exit codes: live, no process, Redis cannot be read
+        call_command("cogworker_status", "--json", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def broken(client: Any, readers: list[str]) -> list[tuple[str, str]]:
+    """Of ``readers`` (pages, the scrape, ``STATUS``), those that raised or
     answered what no page may answer."""
     found = []
-    for url in [*pages, METRICS]:
+    for url in readers:
         try:
-            status = client.get(url).status_code
-        except Exception as exc:
+            if url == STATUS:
+                status()
+                continue
+            answer = client.get(url).status_code
+        except Exception as exc:  # the test client re-raises a view's exception
             found.append((url, repr(exc)[:300]))
             continue
-        if status not in FINE:
-            found.append((url, str(status)))
-    try:
-        call_command("cogworker_status", "--json", stdout=io.StringIO(), stderr=io.StringIO())
-    except SystemExit:
-        pass  # its exit codes: live, no process, Redis cannot be read
-    except Exception as exc:
-        found.append(("cogworker_status", repr(exc)[:300]))
+        if answer not in FINE:
+            found.append((url, str(answer)))
     return found
 
 
-def plant(cog: CogEnv, key: bytes, kind: str, how: str) -> None:
+def keys_read(cog: CogEnv, client: Any, readers: list[str]) -> dict[str, set[str] | None]:
+    """The keys of the namespace each reader sends Redis (MONITOR); one that
+    scans the keyspace reads them all (None)."""
+    read: dict[str, set[str] | None] = {}
+    for url in readers:
+        sent = monitored(cog.url, cog.namespace, status if url == STATUS else lambda url=url: client.get(url))
+        names = {word for words in sent for word in words[1:] if word.startswith(cog.namespace + ":")}
+        read[url] = None if any(words[0].upper() == "SCAN" for words in sent) else names
+    return read
+
+
+def plant(cog: CogEnv, key: str, kind: str, how: str) -> None:
     """``key`` (deleted) made again as garbage: of another type, or junk members."""
     r = cog.redis
     if how == "other type":
@@ -169,23 +188,30 @@ def test_no_key_of_the_namespace_holding_garbage_breaks_a_page_the_scrape_or_the
     pages = crawl(superclient)
     # Every kind of page is among them: a job's, a queue's, a batch's, a limiter's, a job name's metrics.
     found = {route(p) for p in pages}
-    assert {"dashboard", "queues", "queues/*", "busy", "dead", "dead/*/*", "scheduled/*/*"} <= found, found
-    assert {"batches", "batches/*", "limits", "limits/*", "metrics", "metrics/*"} <= found, found
-    assert not broken(superclient, pages)
+    assert {"dashboard", "queues", "queues/*", "busy", "busy/*/*/*", "dead", "dead/*/*"} <= found, found
+    assert {"scheduled/*/*", "batches", "batches/*", "limits", "limits/*"} <= found, found
+    assert {"metrics", "metrics/*"} <= found, found
+    readers = [*pages, METRICS, STATUS]
+    assert not broken(superclient, readers)
 
     worker.signal(signal.SIGSTOP)
     try:
-        keys = sorted(cog.redis.scan_iter(match=cog.namespace + ":*", count=1000))
+        keys = sorted(key.decode() for key in cog.redis.scan_iter(match=cog.namespace + ":*", count=1000))
         assert len(keys) >= 25, keys  # the records of a busy deployment, not a few
+        # Each key is garbage for the readers that read it: a page that does
+        # not send Redis a key's name does not see what the key holds.
+        read = keys_read(cog, superclient, readers)
+        assert set() not in (read[METRICS], read[STATUS]), read  # MONITOR saw what they send
         problems = []
         for key in keys:
             kind, dump, ttl = cog.redis.type(key).decode(), cog.redis.dump(key), cog.redis.pttl(key)
             if dump is None:
                 continue  # expired meanwhile
+            its = [url for url in readers if read[url] is None or key in read[url]]
             for how in ("other type", "junk"):
                 cog.redis.delete(key)
                 plant(cog, key, kind, how)
-                problems += [(key, how, *bad) for bad in broken(superclient, pages)]
+                problems += [(key, how, *bad) for bad in broken(superclient, its)]
             cog.redis.restore(key, max(ttl, 0), dump, replace=True)
         assert not problems, problems[:10]
     finally:
